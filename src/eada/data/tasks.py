@@ -1,0 +1,61 @@
+"""Turn a data config into domains: source, target (the active pool) and an optional held-out
+target split for evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eada.config import DataConfig, DigitsData, ToyData
+from eada.data.base import TensorDomain
+
+
+@dataclass
+class Task:
+    """The domains of one run."""
+
+    source: TensorDomain
+    target: TensorDomain
+    heldout: TensorDomain | None = None
+
+    def check(self) -> None:
+        """Errors that must stop a run before any training: empty or mismatched domains."""
+        if len(self.source) == 0:
+            raise ValueError(f"source domain {self.source.name!r} is empty")
+        if len(self.target) == 0:
+            raise ValueError(f"target domain {self.target.name!r} is empty")
+        if self.source.num_classes != self.target.num_classes:
+            raise ValueError(
+                f"source has {self.source.num_classes} classes but target has "
+                f"{self.target.num_classes}: the label spaces must match"
+            )
+        if self.source.classes != self.target.classes:
+            raise ValueError("source and target class names differ (same count, different names/order)")
+        if self.source.x.shape[1:] != self.target.x.shape[1:]:
+            raise ValueError(
+                f"source inputs {tuple(self.source.x.shape[1:])} and target inputs "
+                f"{tuple(self.target.x.shape[1:])} differ in shape"
+            )
+        if self.heldout is not None and self.heldout.classes != self.target.classes:
+            raise ValueError("held-out target classes differ from the target's")
+
+
+def load_task(cfg: DataConfig, seed: int = 0) -> Task:
+    """Build the domains a data config names (the toy data depend on ``seed``)."""
+    if isinstance(cfg, ToyData):
+        from eada.data.toy import make_toy
+
+        src, tgt = make_toy(cfg.n_per_class, cfg.separation, cfg.std, cfg.rotation_deg, seed)
+        return Task(src, tgt)
+    if isinstance(cfg, DigitsData):
+        from eada.data.digits import load_digits
+
+        kw = {"image_size": cfg.image_size, "channels": cfg.channels}
+        source = load_digits(cfg.source, cfg.root, split=cfg.source_split, **kw)
+        target = load_digits(cfg.target, cfg.root, split=cfg.target_split, **kw)
+        heldout = (
+            load_digits(cfg.target, cfg.root, split=cfg.heldout_split, **kw)
+            if cfg.heldout_split
+            else None
+        )
+        return Task(source, target, heldout)
+    raise TypeError(f"unsupported data config {type(cfg).__name__}")

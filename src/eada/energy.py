@@ -1,0 +1,197 @@
+"""Energy maths of EADA: energies, free energy, MvSM, the NLL loss and free-energy alignment.
+
+Notation (paper, Sec. "Energy-based Models Revisit"): a classifier with ``C`` classes outputs an
+energy ``E(x, y)`` for every class; lower energy = more likely. The network's raw output is taken
+as the energy (the authors' convention), so ``E = f_theta(x)``; a model trained with ordinary
+cross-entropy on logits ``z`` corresponds to ``E = -z`` (see :func:`energy_from_logits`).
+
+Every function accepts a ``(N, C)`` tensor of energies and works per row.
+
+Example:
+    >>> import torch
+    >>> E = torch.tensor([[0.0, 1.0, 3.0]])
+    >>> free_energy(E)  # -log(e^0 + e^-1 + e^-3)
+    tensor([-0.3490])
+    >>> mvsm(E)  # E(y*) - E(y') = 0 - 1
+    tensor([-1.])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "DeltaEstimator",
+    "energy_from_logits",
+    "energy_nll",
+    "free_energy",
+    "free_energy_alignment_loss",
+    "mvsm",
+]
+
+
+def energy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Energies of a model that outputs logits: ``E(x, y) = -z_y(x)``.
+
+    EADA's models output energies directly; use this to score a model trained with the usual
+    "higher logit = more likely" convention.
+    """
+    return -logits
+
+
+def free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """Free energy ``F(x) = -(1/tau) * log sum_y exp(-tau * E(x, y))``.
+
+    At ``tau = 1`` this is the paper's Eq. (5), ``F(x) = -log sum_y exp(-E(x, y))``. ``tau`` is the
+    paper's *reverse* temperature (Eq. 6); lower ``F`` means the model finds ``x`` more probable
+    (``p(x) ~ exp(-F(x))``). Computed with a stable log-sum-exp.
+
+    Args:
+        energies: ``(N, C)`` energies.
+        tau: reverse temperature, ``> 0``.
+
+    Returns:
+        ``(N,)`` free energies.
+    """
+    _check_energies(energies)
+    if tau <= 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    return -torch.logsumexp(-tau * energies, dim=1) / tau
+
+
+def mvsm(energies: torch.Tensor) -> torch.Tensor:
+    """Min-versus-Second-Min uncertainty ``U(x) = E(x, y*) - E(x, y')`` (paper Eq. 9).
+
+    ``y*`` is the class of lowest energy and ``y'`` the second lowest, so ``U <= 0``; values
+    closest to 0 are the most uncertain. Selection keeps the *highest* ``U``.
+
+    Args:
+        energies: ``(N, C)`` energies with ``C >= 2``.
+
+    Returns:
+        ``(N,)`` MvSM values.
+    """
+    _check_energies(energies)
+    if energies.shape[1] < 2:
+        raise ValueError(f"MvSM needs at least 2 classes, got {energies.shape[1]}")
+    two_lowest = torch.topk(energies, k=2, dim=1, largest=False).values
+    return two_lowest[:, 0] - two_lowest[:, 1]
+
+
+def energy_nll(
+    energies: torch.Tensor,
+    targets: torch.Tensor,
+    tau: float = 1.0,
+    reduction: Literal["mean", "sum", "none"] = "mean",
+) -> torch.Tensor:
+    """Energy negative log-likelihood (paper Eq. 6).
+
+    ``L_nll(x, y) = E(x, y) + (1/tau) * log sum_c exp(-tau * E(x, c))``. At ``tau = 1`` this is
+    ``E(x, y) - F(x)``, i.e. exactly cross-entropy on ``-E``. For ``tau != 1`` the paper's
+    placement is used: ``E(x, y) - F_tau(x)`` (the authors' code has a second placement,
+    cross-entropy on ``-tau * E``; the two agree only at ``tau = 1``).
+
+    Args:
+        energies: ``(N, C)`` energies.
+        targets: ``(N,)`` class ids.
+        tau: reverse temperature, ``> 0``.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+    """
+    if tau == 1.0:
+        return F.cross_entropy(-energies, targets, reduction=reduction)
+    per_sample = energies.gather(1, targets[:, None]).squeeze(1) - free_energy(energies, tau)
+    if reduction == "none":
+        return per_sample
+    return per_sample.sum() if reduction == "sum" else per_sample.mean()
+
+
+def free_energy_alignment_loss(
+    energies: torch.Tensor,
+    delta: float | torch.Tensor,
+    tau: float = 1.0,
+    reduction: Literal["mean", "sum", "none"] = "mean",
+) -> torch.Tensor:
+    """Free-energy alignment loss ``L_fea(x) = max(0, F(x) - Delta)`` (paper Eq. 7).
+
+    Pulls the free energy of unlabeled target samples down to the source level ``Delta`` (see
+    :class:`DeltaEstimator`); samples already below ``Delta`` cost nothing.
+
+    Args:
+        energies: ``(N, C)`` energies of unlabeled target samples.
+        delta: the running source free-energy level (no gradient flows into it).
+        tau: reverse temperature for the free energy.
+        reduction: ``"mean"`` (the paper's expectation), ``"sum"`` or ``"none"``.
+    """
+    if isinstance(delta, torch.Tensor):
+        delta = delta.detach()
+    per_sample = torch.clamp(free_energy(energies, tau) - delta, min=0.0)
+    if reduction == "none":
+        return per_sample
+    return per_sample.sum() if reduction == "sum" else per_sample.mean()
+
+
+class DeltaEstimator:
+    """Running estimate ``Delta`` of the mean source free energy.
+
+    After each source batch with mean free energy ``d``:
+    ``Delta <- lam * Delta + (1 - lam) * d``; the first batch initialises ``Delta = d``.
+
+    * ``mode="uniform"`` (the paper's and reference code's rule): ``lam ~ U(0, 1)`` drawn fresh at
+      every step from a seeded generator, so runs are reproducible.
+    * ``mode="momentum"``: a fixed ``lam = momentum`` (a classic exponential moving average).
+
+    Args:
+        mode: ``"uniform"`` or ``"momentum"``.
+        momentum: the fixed ``lam`` for ``mode="momentum"``, in ``[0, 1)``.
+        seed: seed of the generator drawing ``lam``.
+    """
+
+    def __init__(
+        self, mode: Literal["uniform", "momentum"] = "uniform", momentum: float = 0.9, seed: int = 0
+    ) -> None:
+        if mode not in ("uniform", "momentum"):
+            raise ValueError(f"delta mode must be 'uniform' or 'momentum', got {mode!r}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"delta momentum must lie in [0, 1), got {momentum}")
+        self.mode = mode
+        self.momentum = momentum
+        self._rng = np.random.default_rng(seed)
+        self.value: float | None = None
+        self.steps = 0
+
+    def update(self, source_free_energy: torch.Tensor) -> float:
+        """Fold one source batch's free energies into ``Delta`` and return the new value."""
+        batch_mean = float(source_free_energy.detach().mean())
+        if not math.isfinite(batch_mean):
+            raise FloatingPointError(f"non-finite source free energy ({batch_mean}) at step {self.steps}")
+        if self.value is None:
+            self.value = batch_mean
+        else:
+            lam = float(self._rng.uniform()) if self.mode == "uniform" else self.momentum
+            self.value = lam * self.value + (1.0 - lam) * batch_mean
+        self.steps += 1
+        return self.value
+
+    def state_dict(self) -> dict[str, object]:
+        """Serialisable state (value, step count, generator state) for checkpoints."""
+        return {"value": self.value, "steps": self.steps, "rng": self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        value = state["value"]
+        self.value = None if value is None else float(value)  # type: ignore[arg-type]
+        self.steps = int(state["steps"])  # type: ignore[call-overload]
+        self._rng.bit_generator.state = state["rng"]
+
+
+def _check_energies(energies: torch.Tensor) -> None:
+    if energies.ndim != 2:
+        raise ValueError(f"energies must have shape (N, C), got {tuple(energies.shape)}")
+    if not torch.isfinite(energies).all():
+        bad = int((~torch.isfinite(energies)).any(dim=1).sum())
+        raise ValueError(f"energies contain NaN or infinite values ({bad} of {energies.shape[0]} rows)")

@@ -1,0 +1,51 @@
+"""Energy-based classifiers: a backbone, an optional bottleneck and a linear energy head.
+
+Convention (as the authors' code): the network's output *is* the energy ``E(x, y)``, lower
+energy = more likely class, prediction = ``argmin_y E(x, y)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class EnergyNet(nn.Module):
+    """``x -> backbone -> [bottleneck] -> linear head -> E(x, .)``.
+
+    Args:
+        backbone: maps inputs to flat features of size ``feature_dim``.
+        feature_dim: size of the backbone's output.
+        num_classes: number of classes ``C``; the head outputs ``C`` energies.
+        bottleneck_dim: if given, ``Linear(feature_dim, d) -> BatchNorm1d(d)`` before the head
+            (the reference code's head; no ReLU in between).
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        feature_dim: int,
+        num_classes: int,
+        bottleneck_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.bottleneck: nn.Module
+        if bottleneck_dim:
+            self.bottleneck = nn.Sequential(
+                nn.Linear(feature_dim, bottleneck_dim), nn.BatchNorm1d(bottleneck_dim)
+            )
+            head_in = bottleneck_dim
+        else:
+            self.bottleneck = nn.Identity()
+            head_in = feature_dim
+        self.head = nn.Linear(head_in, num_classes)
+        self.num_classes = num_classes
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """The penultimate features (input of the energy head), shape ``(B, D)``."""
+        return self.bottleneck(self.backbone(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Energies ``E(x, .)`` of shape ``(B, C)``."""
+        return self.head(self.embed(x))

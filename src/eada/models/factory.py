@@ -1,0 +1,39 @@
+"""Build the energy network a :class:`~eada.config.ModelConfig` names."""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from eada.config import ModelConfig
+from eada.models.base import EnergyNet
+
+
+def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> EnergyNet:
+    """An :class:`EnergyNet` for inputs of ``input_shape`` (without the batch dimension).
+
+    * ``linear``: a single fully-connected layer ``E = W x + b`` (the paper's toy model).
+    * ``mlp``: ``Linear -> ReLU`` blocks of sizes ``cfg.hidden``, then the energy head.
+    * ``lenet``: the digits CNN of :mod:`eada.models.lenet` (inputs ``(C, S, S)``).
+    """
+    if num_classes < 2:
+        raise ValueError(f"an energy classifier needs at least 2 classes, got {num_classes}")
+    flat = math.prod(input_shape)
+    if cfg.name == "linear":
+        return EnergyNet(nn.Flatten(), flat, num_classes)
+    if cfg.name == "mlp":
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = flat
+        for h in cfg.hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        return EnergyNet(nn.Sequential(*layers), width, num_classes)
+    if cfg.name == "lenet":
+        from eada.models.lenet import lenet_backbone
+
+        if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
+            raise ValueError(f"lenet needs square image inputs (C, S, S), got {input_shape}")
+        backbone, dim = lenet_backbone(in_channels=input_shape[0], image_size=input_shape[1])
+        return EnergyNet(backbone, dim, num_classes)
+    raise ValueError(f"unknown model {cfg.name!r}")

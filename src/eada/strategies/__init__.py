@@ -1,0 +1,34 @@
+"""Query strategies: one registry (:data:`STRATEGIES`), one interface (:class:`Strategy`)."""
+
+from eada.strategies import eada as _eada  # noqa: F401  (registers EADA and its ablations)
+from eada.strategies import uncertainty as _uncertainty  # noqa: F401
+from eada.strategies.base import (
+    STRATEGIES,
+    BudgetTooLargeError,
+    EmptyPoolError,
+    PoolOutputs,
+    Selection,
+    SelectionError,
+    Strategy,
+    StrategySpec,
+    get_strategy,
+    resolve_budget,
+    top_k_stable,
+)
+from eada.strategies.eada import eada_select, stage_sizes
+
+__all__ = [
+    "STRATEGIES",
+    "BudgetTooLargeError",
+    "EmptyPoolError",
+    "PoolOutputs",
+    "Selection",
+    "SelectionError",
+    "Strategy",
+    "StrategySpec",
+    "eada_select",
+    "get_strategy",
+    "resolve_budget",
+    "stage_sizes",
+    "top_k_stable",
+]

@@ -1,0 +1,217 @@
+"""The query-strategy interface: per-sample model outputs in, pool positions out.
+
+A strategy is a plain function ``(pool, budget, rng, **params) -> Selection``. It never sees the
+model, the labels or the data loaders, so the same code serves a simulated oracle and a human
+annotator: compute :class:`PoolOutputs` for the unlabeled pool however you like, call the strategy,
+send ``selection.indices`` (positions into the pool) to whoever labels them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from eada import energy as energy_ops
+
+
+class SelectionError(ValueError):
+    """Base class of the errors a strategy raises on impossible requests."""
+
+
+class EmptyPoolError(SelectionError):
+    """The unlabeled pool has no samples left to select from."""
+
+
+class BudgetTooLargeError(SelectionError):
+    """The requested budget exceeds what the pool (or a selection stage) can provide."""
+
+
+@dataclass
+class PoolOutputs:
+    """Per-sample outputs of the current model on the unlabeled pool.
+
+    Give whatever you have; missing scores that can be derived from ``energies`` are computed on
+    first use. Streaming scorers can give only ``free_energy`` and ``mvsm`` (two floats a sample).
+
+    Attributes:
+        energies: ``(N, C)`` energies (lower = more likely), or ``None``.
+        free_energy: ``(N,)`` free energies ``F(x)``, or ``None`` (derived from ``energies``).
+        mvsm: ``(N,)`` MvSM ``U(x)``, or ``None`` (derived from ``energies``).
+        embeddings: ``(N, D)`` penultimate features, for strategies that need them.
+        n_target: size of the WHOLE target set (labeled + unlabeled); some rules use it.
+    """
+
+    energies: np.ndarray | None = None
+    free_energy: np.ndarray | None = None
+    mvsm: np.ndarray | None = None
+    embeddings: np.ndarray | None = None
+    n_target: int | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("energies", "free_energy", "mvsm", "embeddings"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            if not np.issubdtype(arr.dtype, np.floating):
+                arr = arr.astype(np.float64)
+            if not np.isfinite(arr).all():
+                raise ValueError(f"pool {name} contain NaN or infinite values")
+            setattr(self, name, arr)
+        sizes = {n: len(v) for n, v in self._arrays().items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"pool outputs disagree on the number of samples: {sizes}")
+        if self.energies is not None and self.energies.ndim != 2:
+            raise ValueError(f"energies must be (N, C), got shape {self.energies.shape}")
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        names = ("energies", "free_energy", "mvsm", "embeddings")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def __len__(self) -> int:
+        arrays = self._arrays()
+        return len(next(iter(arrays.values()))) if arrays else 0
+
+    def require_energies(self, strategy: str) -> np.ndarray:
+        """The ``(N, C)`` energies, or a clear error naming ``strategy``."""
+        if self.energies is None:
+            raise ValueError(f"strategy {strategy!r} needs the pool's energies (N x C outputs)")
+        return self.energies
+
+    def require_embeddings(self, strategy: str) -> np.ndarray:
+        """The ``(N, D)`` embeddings, or a clear error naming ``strategy``."""
+        if self.embeddings is None:
+            raise ValueError(f"strategy {strategy!r} needs the pool's embeddings")
+        return self.embeddings
+
+    def get_free_energy(self) -> np.ndarray:
+        """``F(x)`` for every pool sample (computed from the energies if not given)."""
+        if self.free_energy is None:
+            e = torch.from_numpy(self.require_energies("free energy"))
+            self.free_energy = energy_ops.free_energy(e).numpy()
+        return self.free_energy
+
+    def get_mvsm(self) -> np.ndarray:
+        """``U(x)`` for every pool sample (computed from the energies if not given)."""
+        if self.mvsm is None:
+            e = torch.from_numpy(self.require_energies("MvSM"))
+            self.mvsm = energy_ops.mvsm(e).numpy()
+        return self.mvsm
+
+    def probabilities(self, strategy: str) -> np.ndarray:
+        """Class posteriors ``p(y|x) = softmax(-E(x, .))``."""
+        e = torch.from_numpy(self.require_energies(strategy))
+        return torch.softmax(-e, dim=1).numpy()
+
+
+@dataclass
+class Selection:
+    """What a strategy chose.
+
+    Attributes:
+        indices: positions into the pool, in the order chosen (best first), ``int64``.
+        scores: per-sample scores over the WHOLE pool that the strategy used (name -> ``(N,)``),
+            so users can inspect why a sample was or was not chosen.
+        info: small facts about the decision (stage sizes, thresholds, ...).
+    """
+
+    indices: np.ndarray
+    scores: dict[str, np.ndarray] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Strategy(Protocol):
+    """The call signature every registered strategy implements."""
+
+    def __call__(
+        self, pool: PoolOutputs, budget: int, rng: np.random.Generator, **params: Any
+    ) -> Selection: ...
+
+
+def check_request(pool: PoolOutputs, budget: int) -> int:
+    """Validate a request: non-empty pool, ``1 <= budget <= len(pool)``. Returns ``len(pool)``."""
+    n = len(pool)
+    if n == 0:
+        raise EmptyPoolError("the unlabeled pool is empty: there is nothing left to select")
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise TypeError(f"budget must be an integer count, got {budget!r}")
+    if budget < 1:
+        raise ValueError(f"budget must be at least 1, got {budget}")
+    if budget > n:
+        raise BudgetTooLargeError(f"budget {budget} is larger than the unlabeled pool ({n} samples)")
+    return n
+
+
+def top_k_stable(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` largest scores, best first, ties broken by lower position.
+
+    A partial sort: one ``np.partition`` (O(N)) finds the threshold, then only the candidates at
+    or above it are sorted (stable), so the cost is O(N + m log m) with ``m`` about ``k``.
+    """
+    n = len(scores)
+    if k <= 0:
+        return np.empty(0, dtype=np.int64)
+    if k >= n:
+        return np.argsort(-scores, kind="stable").astype(np.int64)
+    threshold = np.partition(scores, n - k)[n - k]
+    candidates = np.flatnonzero(scores >= threshold)
+    order = np.argsort(-scores[candidates], kind="stable")
+    return candidates[order[:k]].astype(np.int64)
+
+
+def resolve_budget(budget: int | float, n_target: int) -> int:
+    """Turn a budget spec into a count: an ``int`` is a count; a ``float`` in ``(0, 1]`` is a share
+    of the WHOLE target set, rounded up (``ceil``) so a share never rounds to zero."""
+    if isinstance(budget, bool):
+        raise TypeError("budget must be an int (count) or a float (share of the target set)")
+    if isinstance(budget, (int, np.integer)):
+        if budget < 1:
+            raise ValueError(f"a budget count must be >= 1, got {budget}")
+        return int(budget)
+    if not 0.0 < budget <= 1.0:
+        raise ValueError(f"a budget share must lie in (0, 1], got {budget}")
+    return max(1, math.ceil(Fraction(str(budget)) * n_target))
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A registered strategy: its function, what it needs, and where it comes from."""
+
+    name: str
+    fn: Callable[..., Selection]
+    needs: tuple[str, ...]
+    summary: str
+    reference: str
+
+
+STRATEGIES: dict[str, StrategySpec] = {}
+
+
+def register(
+    name: str, *, needs: tuple[str, ...], summary: str, reference: str
+) -> Callable[[Callable[..., Selection]], Callable[..., Selection]]:
+    """Decorator adding a strategy function to :data:`STRATEGIES` under ``name``."""
+
+    def wrap(fn: Callable[..., Selection]) -> Callable[..., Selection]:
+        if name in STRATEGIES:
+            raise ValueError(f"strategy {name!r} is registered twice")
+        STRATEGIES[name] = StrategySpec(name, fn, needs, summary, reference)
+        return fn
+
+    return wrap
+
+
+def get_strategy(name: str) -> StrategySpec:
+    """Look up a strategy by name, with an error listing the known ones."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        known = ", ".join(sorted(STRATEGIES))
+        raise ValueError(f"unknown strategy {name!r}; known strategies: {known}") from None

@@ -1,0 +1,96 @@
+"""Scoring passes: evaluation metrics and the per-sample outputs strategies consume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from eada import energy as energy_ops
+from eada.data.base import TensorDomain
+from eada.strategies import PoolOutputs
+
+
+def _batches(domain: TensorDomain, indices: torch.Tensor, batch_size: int) -> Iterable[torch.Tensor]:
+    for start in range(0, len(indices), batch_size):
+        yield indices[start : start + batch_size]
+
+
+@torch.no_grad()
+def predict_energies(
+    model: nn.Module, domain: TensorDomain, indices: torch.Tensor | None = None,
+    batch_size: int = 512, device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Energies ``(N, C)`` of ``domain[indices]`` (all samples by default), model in eval mode."""
+    model.eval()
+    idx = torch.arange(len(domain)) if indices is None else indices
+    out = [model(domain.x[b].to(device)).float().cpu() for b in _batches(domain, idx, batch_size)]
+    return torch.cat(out) if out else torch.empty(0, 0)
+
+
+def accuracy_metrics(energies: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, object]:
+    """Overall accuracy, per-class accuracy and their mean (in percent) from energies.
+
+    The prediction is ``argmin_y E(x, y)``. Classes absent from ``labels`` get ``None`` and are
+    left out of the per-class mean.
+    """
+    pred = energies.argmin(dim=1)
+    correct = (pred == labels).double()
+    counts = torch.bincount(labels, minlength=num_classes).double()
+    hits = torch.bincount(labels, weights=correct, minlength=num_classes)
+    per_class = [float(100 * h / c) if c > 0 else None for h, c in zip(hits, counts, strict=True)]
+    present = [p for p in per_class if p is not None]
+    return {
+        "accuracy": float(100 * correct.mean()) if len(labels) else float("nan"),
+        "mean_class_accuracy": float(np.mean(present)) if present else float("nan"),
+        "per_class_accuracy": per_class,
+        "n": len(labels),
+    }
+
+
+def evaluate(
+    model: nn.Module, domain: TensorDomain, batch_size: int = 512, device: torch.device | str = "cpu"
+) -> dict[str, object]:
+    """Accuracy metrics of ``model`` on a whole domain, plus its mean free energy."""
+    e = predict_energies(model, domain, None, batch_size, device)
+    metrics = accuracy_metrics(e, domain.y, domain.num_classes)
+    metrics["mean_free_energy"] = float(energy_ops.free_energy(e).mean())
+    return metrics
+
+
+@torch.no_grad()
+def score_pool(
+    model: nn.Module, domain: TensorDomain, indices: torch.Tensor, needs: tuple[str, ...],
+    batch_size: int = 512, device: torch.device | str = "cpu",
+) -> PoolOutputs:
+    """One eval-mode pass over the pool, keeping only what the strategy ``needs``.
+
+    A strategy that needs only ``free_energy``/``mvsm`` gets two floats a sample, never the
+    ``(N, C)`` energies; ``energies`` and ``embeddings`` are kept only when asked for.
+    """
+    model.eval()
+    keep_e = "energies" in needs
+    keep_z = "embeddings" in needs
+    f, u, es, zs = [], [], [], []
+    for b in _batches(domain, indices, batch_size):
+        x = domain.x[b].to(device)
+        if keep_z and hasattr(model, "embed"):
+            z = model.embed(x)
+            e = model.head(z).float()
+            zs.append(z.float().cpu())
+        else:
+            e = model(x).float()
+        f.append(energy_ops.free_energy(e).cpu())
+        u.append(energy_ops.mvsm(e).cpu())
+        if keep_e:
+            es.append(e.cpu())
+    cat = (lambda xs: torch.cat(xs).numpy()) if len(indices) else (lambda xs: np.empty(0))
+    return PoolOutputs(
+        energies=cat(es) if keep_e else None,
+        free_energy=cat(f),
+        mvsm=cat(u),
+        embeddings=cat(zs) if keep_z else None,
+        n_target=len(domain),
+    )
