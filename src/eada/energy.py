@@ -102,6 +102,7 @@ def energy_nll(
         tau: reverse temperature, ``> 0``.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
     """
+    _check_energies(energies)
     if tau == 1.0:
         return F.cross_entropy(-energies, targets, reduction=reduction)
     per_sample = energies.gather(1, targets[:, None]).squeeze(1) - free_energy(energies, tau)

@@ -212,25 +212,25 @@ class ActiveDATrainer:
         loss_s = energy_ops.energy_nll(e_s, ys.to(dev), tau=t.tau)
         delta = self.delta.update(energy_ops.free_energy(e_s.detach(), t.tau))
         loss = t.delta_s * loss_s
-        out = {"loss_source": float(loss_s), "delta": delta}
+        out = {"loss_source": float(loss_s.detach()), "delta": delta}
         if t.gamma > 0 and len(self.unlabeled_stream.indices):
             xu, _ = self.unlabeled_stream.next()
             e_u = self.model(xu.to(dev))
             loss_u = energy_ops.free_energy_alignment_loss(e_u, delta, tau=t.tau)
             loss = loss + t.gamma * loss_u
-            out["loss_align"] = float(loss_u)
+            out["loss_align"] = float(loss_u.detach())
         if len(self.labeled_stream.indices):
             xl, yl = self.labeled_stream.next()  # labels as the oracle gave them
             e_l = self.model(xl.to(dev))
             loss_l = energy_ops.energy_nll(e_l, yl.to(dev), tau=t.tau)
             loss = loss + t.delta_t * loss_l
-            out["loss_target"] = float(loss_l)
+            out["loss_target"] = float(loss_l.detach())
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss became {float(loss)}; lower the learning rate")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
-        out["loss"] = float(loss)
+        out["loss"] = float(loss.detach())
         return out
 
     def steps_per_epoch(self) -> int:

@@ -1,0 +1,180 @@
+"""The ``eada`` command line.
+
+    eada demo [--seeds N] [--out DIR]           the toy example (paper Fig. 5), no download
+    eada run PRESET|CONFIG.yaml [--method M] [--seeds 0-2] [--set key=value ...] [--out DIR]
+    eada run ... --dry-run                     validate and print the plan, touch no data
+    eada presets                               list presets and methods
+    eada strategies                            list query strategies
+    eada config show PRESET [--method M]       print a preset as YAML, to edit and run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from eada.config import ConfigError, ExperimentConfig, load_config
+
+console = Console(stderr=False)
+err_console = Console(stderr=True)
+
+
+def _log(msg: str) -> None:
+    err_console.print(msg, highlight=False)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from eada.demo import demo_table_rows, run_demo
+
+    out = Path(args.out)
+    results = run_demo(seeds=args.seeds, out=out, progress=_log)
+    table = Table(title=f"Toy example (paper Fig. 5): target error %, {args.seeds} seeds")
+    for col in ("method", "ours (mean ± std)", "paper"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for row in demo_table_rows(results):
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"results: {out / 'results.json'}\nfigure:  {out / results['figure']}")
+    return 0
+
+
+def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
+    from eada.hparams import PRESETS, preset_config
+
+    if args.config in PRESETS:
+        return preset_config(args.config, args.method, seed, args.set)
+    path = Path(args.config)
+    if not path.exists():
+        raise ConfigError(f"{args.config!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
+                          "nor an existing config file")
+    if args.method:
+        from eada.hparams import METHODS
+
+        if args.method not in METHODS:
+            raise ConfigError(f"unknown method {args.method!r}; known: {', '.join(METHODS)}")
+        overrides = [f"{sec}.{k}={v}" for sec, d in METHODS[args.method].items()
+                     for k, v in d.items()]
+    else:
+        overrides = []
+    return load_config(path, [*overrides, *args.set, f"seed={seed}"])
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from eada.experiment import run_seeds
+    from eada.runs import parse_seeds
+
+    seeds = parse_seeds(args.seeds)
+    configs = {s: _resolve(args, s) for s in seeds}
+    cfg = configs[seeds[0]]
+    if args.dry_run:
+        console.print(yaml.safe_dump(cfg.resolved(), sort_keys=False))
+        console.print(f"seeds: {seeds}")
+        a = cfg.active
+        if a.enabled:
+            console.print(f"rounds at the end of epochs {a.rounds_at}: strategy {a.strategy}, "
+                          f"budget {a.budget_per_round} a round, alpha1 {a.alpha1}, "
+                          f"rule {a.selection_rule}")
+        else:
+            console.print("no active rounds (no target labels)")
+        console.print("config valid; no data touched (--dry-run)")
+        return 0
+    out = Path(args.out) if args.out else Path("runs") / cfg.name.replace("/", "_")
+    summary = run_seeds(lambda s: configs[s], seeds, out, progress=_log)
+    table = Table(title=f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {len(seeds)} seeds)")
+    table.add_column("round")
+    table.add_column("labeled")
+    splits = [k for k in ("target/accuracy", "heldout/accuracy") if k in summary["rounds"][0]] \
+        if summary["rounds"] else []
+    for k in splits:
+        table.add_column(k, justify="right")
+    for row in summary["rounds"]:
+        table.add_row(str(row["round"]), str(row["n_labeled"][0]),
+                      *[f"{row[k]['mean']:.2f} ± {row[k]['std']:.2f}" for k in splits])
+    fin = summary["final"]
+    table.add_row("final", "", *[f"{fin['last_epoch/' + k]['mean']:.2f} ± "
+                                 f"{fin['last_epoch/' + k]['std']:.2f}" for k in splits])
+    console.print(table)
+    console.print(f"results: {out / 'results.json'}")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    from eada.hparams import METHOD_LABELS, METHODS, PRESETS
+
+    console.print("presets: " + ", ".join(sorted(PRESETS)))
+    for m in METHODS:
+        console.print(f"method {m:<12} {METHOD_LABELS[m]:<16} {METHODS[m]}")
+    return 0
+
+
+def _cmd_strategies(args: argparse.Namespace) -> int:
+    from eada.strategies import STRATEGIES
+
+    table = Table(title="query strategies")
+    for col in ("name", "needs", "what", "source"):
+        table.add_column(col)
+    for s in STRATEGIES.values():
+        table.add_row(s.name, ", ".join(s.needs) or "-", s.summary, s.reference)
+    console.print(table)
+    return 0
+
+
+def _cmd_config_show(args: argparse.Namespace) -> int:
+    from eada.hparams import preset_config
+
+    cfg = preset_config(args.preset, args.method)
+    sys.stdout.write(yaml.safe_dump(cfg.resolved(), sort_keys=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``eada`` command."""
+    p = argparse.ArgumentParser(prog="eada", description="Active domain adaptation (EADA).")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="the paper's toy example over several seeds (no download)")
+    d.add_argument("--seeds", type=int, default=3, help="number of seeds (default 3)")
+    d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    d.set_defaults(func=_cmd_demo)
+
+    r = sub.add_parser("run", help="run a preset or a YAML config over one or more seeds")
+    r.add_argument("config", help="a preset name (see `eada presets`) or a YAML config file")
+    r.add_argument("--method", default=None, help="method variant, e.g. random, eada, source_only")
+    r.add_argument("--seeds", default="0", help="seeds, e.g. 0-4 or 0,1,2 (default 0)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set train.epochs=3 (repeatable)")
+    r.add_argument("--out", default=None, help="output folder (default runs/<name>)")
+    r.add_argument("--dry-run", action="store_true", help="validate and print the plan only")
+    r.set_defaults(func=_cmd_run)
+
+    sub.add_parser("presets", help="list presets and methods").set_defaults(func=_cmd_presets)
+    sub.add_parser("strategies", help="list query strategies").set_defaults(func=_cmd_strategies)
+
+    c = sub.add_parser("config", help="config helpers")
+    csub = c.add_subparsers(dest="config_command", required=True)
+    cs = csub.add_parser("show", help="print a preset's resolved config as YAML")
+    cs.add_argument("preset")
+    cs.add_argument("--method", default=None)
+    cs.set_defaults(func=_cmd_config_show)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``eada`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: Any = args.func(args)
+    except (ConfigError, ValueError, FileNotFoundError) as err:
+        err_console.print(f"[bold red]error:[/] {err}", highlight=False)
+        return 2
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

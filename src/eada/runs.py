@@ -1,0 +1,144 @@
+"""Run records: every run writes its resolved config, seed, versions and git commit beside its
+results, and multi-run jobs append one JSON line per run (DomainBed style)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def git_commit(path: Path | None = None) -> dict[str, Any]:
+    """The commit (and whether the tree is dirty) of the git repository holding ``path``.
+
+    Looks at the current directory first, then at the package's own source tree; ``None``
+    values when neither is inside a git repository.
+    """
+    for where in (path or Path.cwd(), Path(__file__).resolve().parent):
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                                    text=True, timeout=10, check=True).stdout.strip()
+            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                   cwd=where, capture_output=True, text=True, timeout=10,
+                                   check=True).stdout.strip()
+            return {"commit": commit, "dirty": bool(dirty)}
+        except (OSError, subprocess.SubprocessError):
+            continue
+    return {"commit": None, "dirty": None}
+
+
+def environment_info() -> dict[str, Any]:
+    """Versions and machine facts to store beside results."""
+    import torch
+
+    def ver(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "eada": ver("eada"),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "git": git_commit(),
+        "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv else None,
+    }
+
+
+def _clean(obj: Any) -> Any:
+    """Make numpy scalars/arrays and non-finite floats JSON-safe."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _clean(obj.tolist())
+    if isinstance(obj, np.generic):
+        return _clean(obj.item())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(path: Path, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically (temp file + rename): a crash never leaves a
+    half-written file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(_clean(obj), indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def append_jsonl(path: Path, obj: Any) -> None:
+    """Append one JSON line (flushed and fsynced) to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(_clean(obj)) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """All records of a JSON-lines file; a torn last line (a killed writer) is ignored."""
+    if not path.exists():
+        return []
+    out = []
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
+    return out
+
+
+def summarize(values: list[float]) -> dict[str, float | None]:
+    """Mean and sample standard deviation (ddof=1; 0 for a single value)."""
+    if not values:
+        return {"mean": None, "std": None}
+    arr = np.asarray(values, dtype=float)
+    return {"mean": float(arr.mean()), "std": float(arr.std(ddof=1)) if len(arr) > 1 else 0.0}
+
+
+def parse_seeds(spec: str) -> list[int]:
+    """``"0-4"`` -> [0..4]; ``"0,2,5"`` -> [0, 2, 5]; ``"3"`` -> [3]."""
+    seeds: list[int] = []
+    try:
+        for part in spec.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = (int(p) for p in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                seeds.extend(range(lo, hi + 1))
+            else:
+                seeds.append(int(part))
+    except ValueError:
+        raise ValueError(f"bad seed list {spec!r}: use e.g. 0-4 or 0,1,2") from None
+    if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"bad seed list {spec!r}: seeds must be distinct and >= 0")
+    return seeds

@@ -1,0 +1,427 @@
+"""Energy maths: free energy, MvSM, the energy NLL, free-energy alignment and the Delta estimator."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eada.energy import (
+    DeltaEstimator,
+    energy_from_logits,
+    energy_nll,
+    free_energy,
+    free_energy_alignment_loss,
+    mvsm,
+)
+
+E3 = torch.tensor([[0.0, 1.0, 3.0], [2.0, -1.0, 0.5]], dtype=torch.float64)
+
+
+def _t(rows: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+# -- free energy ----------------------------------------------------------------------------------
+
+
+def test_free_energy_hand_computed() -> None:
+    expected = [
+        -math.log(math.exp(0.0) + math.exp(-1.0) + math.exp(-3.0)),
+        -math.log(math.exp(-2.0) + math.exp(1.0) + math.exp(-0.5)),
+    ]
+    got = free_energy(E3)
+    assert got.shape == (2,)
+    assert got.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("tau", [0.5, 2.0, 3.7])
+def test_free_energy_reverse_temperature(tau: float) -> None:
+    expected = [
+        -math.log(sum(math.exp(-tau * e) for e in row)) / tau for row in E3.tolist()
+    ]
+    assert free_energy(E3, tau=tau).tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+def test_free_energy_tau_changes_value() -> None:
+    # tau must actually enter the formula (tau=2 differs from tau=1 on a non-degenerate row).
+    assert not torch.allclose(free_energy(E3, tau=2.0), free_energy(E3, tau=1.0))
+
+
+def test_free_energy_single_class_is_the_energy() -> None:
+    e = _t([[4.25], [-3.0]])
+    assert free_energy(e).tolist() == pytest.approx([4.25, -3.0], abs=1e-12)
+
+
+def test_free_energy_docstring_value() -> None:
+    got = float(free_energy(torch.tensor([[0.0, 1.0, 3.0]]))[0])
+    assert got == pytest.approx(-math.log(1 + math.exp(-1) + math.exp(-3)), abs=1e-6)
+    assert got == pytest.approx(-0.3490, abs=1e-4)
+
+
+def test_energy_from_logits_is_negation() -> None:
+    z = _t([[1.0, -2.0, 0.5]])
+    assert energy_from_logits(z).tolist() == [[-1.0, 2.0, -0.5]]
+
+
+# -- MvSM -----------------------------------------------------------------------------------------
+
+
+def test_mvsm_hand_computed() -> None:
+    # row 0: min 0, second 1 -> -1 ; row 1: min -1, second 0.5 -> -1.5
+    assert mvsm(E3).tolist() == pytest.approx([-1.0, -1.5], abs=1e-12)
+    # order of classes must not matter, and only the two lowest count
+    assert mvsm(_t([[9.0, 7.0, 100.0, 7.5]])).tolist() == pytest.approx([-0.5], abs=1e-12)
+
+
+def test_mvsm_nonpositive_on_random_inputs() -> None:
+    g = torch.Generator().manual_seed(0)
+    for c in (2, 3, 10):
+        e = torch.randn(500, c, generator=g, dtype=torch.float64) * 5
+        u = mvsm(e)
+        assert (u <= 0).all()
+        sorted_e = torch.sort(e, dim=1).values
+        assert torch.allclose(u, sorted_e[:, 0] - sorted_e[:, 1])
+
+
+def test_mvsm_zero_for_tie_of_two_lowest() -> None:
+    u = mvsm(_t([[1.0, 1.0, 3.0], [5.0, -2.0, -2.0], [0.0, 0.0, 0.0]]))
+    assert u.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_mvsm_needs_two_classes() -> None:
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        mvsm(_t([[1.0], [2.0]]))
+
+
+# -- energy NLL -----------------------------------------------------------------------------------
+
+
+def test_energy_nll_hand_computed_tau1() -> None:
+    targets = torch.tensor([2, 0])
+    expected = [
+        3.0 + math.log(math.exp(0.0) + math.exp(-1.0) + math.exp(-3.0)),
+        2.0 + math.log(math.exp(-2.0) + math.exp(1.0) + math.exp(-0.5)),
+    ]
+    got = energy_nll(E3, targets, reduction="none")
+    assert got.tolist() == pytest.approx(expected, rel=1e-12)
+    assert float(energy_nll(E3, targets, reduction="sum")) == pytest.approx(sum(expected), rel=1e-12)
+    assert float(energy_nll(E3, targets)) == pytest.approx(sum(expected) / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("tau", [0.5, 2.0])
+def test_energy_nll_hand_computed_tau(tau: float) -> None:
+    # paper Eq. 6: E(x, y) + (1/tau) log sum_c exp(-tau E(x, c))
+    targets = torch.tensor([1, 2])
+    rows = E3.tolist()
+    expected = [
+        rows[i][targets[i]] + math.log(sum(math.exp(-tau * e) for e in rows[i])) / tau
+        for i in range(2)
+    ]
+    got = energy_nll(E3, targets, tau=tau, reduction="none")
+    assert got.tolist() == pytest.approx(expected, rel=1e-12)
+    assert float(energy_nll(E3, targets, tau=tau, reduction="sum")) == pytest.approx(
+        sum(expected), rel=1e-12
+    )
+    assert float(energy_nll(E3, targets, tau=tau)) == pytest.approx(sum(expected) / 2, rel=1e-12)
+    # not the authors' second placement (cross-entropy on -tau * E), which differs for tau != 1
+    ce = F.cross_entropy(-tau * E3, targets, reduction="none")
+    assert not torch.allclose(got, ce)
+
+
+def test_energy_nll_tau1_is_cross_entropy_and_e_minus_f() -> None:
+    g = torch.Generator().manual_seed(1)
+    e = torch.randn(64, 7, generator=g, dtype=torch.float64) * 3
+    y = torch.randint(0, 7, (64,), generator=g)
+    nll = energy_nll(e, y, reduction="none")
+    assert torch.allclose(nll, F.cross_entropy(-e, y, reduction="none"), atol=1e-12)
+    e_y = e.gather(1, y[:, None]).squeeze(1)
+    assert torch.allclose(nll, e_y - free_energy(e), atol=1e-12)
+    assert (nll >= 0).all()
+
+
+def test_energy_nll_tau_close_to_one_is_continuous() -> None:
+    # the tau == 1 shortcut and the general formula must agree in the limit
+    y = torch.tensor([0, 1])
+    a = energy_nll(E3, y, tau=1.0, reduction="none")
+    b = energy_nll(E3, y, tau=1.0 + 1e-9, reduction="none")
+    assert torch.allclose(a, b, atol=1e-7)
+
+
+def test_energy_nll_gradient_flows() -> None:
+    e = E3.clone().requires_grad_(True)
+    energy_nll(e, torch.tensor([0, 1]), reduction="sum").backward()
+    assert e.grad is not None
+    # d/dE_c [E_y - F] = 1[c=y] - p_c
+    p = torch.softmax(-E3, dim=1)
+    onehot = F.one_hot(torch.tensor([0, 1]), 3).to(torch.float64)
+    assert torch.allclose(e.grad, onehot - p, atol=1e-12)
+
+
+# -- numerical stability --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [1e4, -1e4])
+def test_large_energies_stay_finite(scale: float) -> None:
+    e = _t([[0.0, 1.0, 3.0], [2.0, 2.0, -1.0]]) * scale
+    f = free_energy(e)
+    assert torch.isfinite(f).all()
+    # F = m - log sum_c exp(-(E_c - m)) with m the min energy (the shifted terms are 0 or 1)
+    expected = [
+        min(row) - math.log(sum(math.exp(-(v - min(row))) for v in row)) for row in e.tolist()
+    ]
+    assert f.tolist() == pytest.approx(expected, rel=1e-12)
+    assert torch.isfinite(mvsm(e)).all()
+    y = torch.tensor([1, 0])
+    for tau in (1.0, 0.5, 2.0):
+        assert torch.isfinite(free_energy(e, tau=tau)).all()
+        assert torch.isfinite(energy_nll(e, y, tau=tau, reduction="none")).all()
+    assert torch.isfinite(free_energy_alignment_loss(e, 0.0, reduction="none")).all()
+
+
+def test_large_energies_float32() -> None:
+    e = torch.tensor([[1e4, 1e4 + 1.0, -1e4]], dtype=torch.float32)
+    assert torch.isfinite(free_energy(e)).all()
+    assert float(free_energy(e)[0]) == pytest.approx(-1e4, rel=1e-6)
+    assert torch.isfinite(energy_nll(e, torch.tensor([0]))).all()
+
+
+# -- input validation -----------------------------------------------------------------------------
+
+
+BAD_VALUES = [float("nan"), float("inf"), float("-inf")]
+
+
+@pytest.mark.parametrize("bad", BAD_VALUES)
+def test_non_finite_energies_rejected(bad: float) -> None:
+    e = _t([[0.0, 1.0, 2.0], [0.0, bad, 1.0]])
+    y = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="NaN"):
+        free_energy(e)
+    with pytest.raises(ValueError, match="NaN"):
+        mvsm(e)
+    with pytest.raises(ValueError, match="NaN"):
+        free_energy_alignment_loss(e, 0.0)
+    for tau in (1.0, 2.0):
+        with pytest.raises(ValueError, match="NaN"):
+            energy_nll(e, y, tau=tau)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3, 4), ()])
+def test_wrong_ndim_rejected(shape: tuple[int, ...]) -> None:
+    e = torch.zeros(shape, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"\(N, C\)"):
+        free_energy(e)
+    with pytest.raises(ValueError, match=r"\(N, C\)"):
+        mvsm(e)
+    with pytest.raises(ValueError, match=r"\(N, C\)"):
+        free_energy_alignment_loss(e, 0.0)
+
+
+def test_energy_nll_wrong_ndim_rejected() -> None:
+    # a 1-D energy vector would silently be accepted by cross_entropy as "unbatched"
+    for tau in (1.0, 2.0):
+        with pytest.raises(ValueError, match=r"\(N, C\)"):
+            energy_nll(torch.zeros(3, dtype=torch.float64), torch.tensor(0), tau=tau)
+
+
+@pytest.mark.parametrize("tau", [0.0, -1.0])
+def test_nonpositive_tau_rejected(tau: float) -> None:
+    with pytest.raises(ValueError, match="tau"):
+        free_energy(E3, tau=tau)
+    with pytest.raises(ValueError, match="tau"):
+        energy_nll(E3, torch.tensor([0, 1]), tau=tau)
+    with pytest.raises(ValueError, match="tau"):
+        free_energy_alignment_loss(E3, 0.0, tau=tau)
+
+
+# -- free-energy alignment ------------------------------------------------------------------------
+
+
+def test_alignment_loss_hand_computed() -> None:
+    f = [
+        -math.log(math.exp(0.0) + math.exp(-1.0) + math.exp(-3.0)),  # ~ -0.349
+        -math.log(math.exp(-2.0) + math.exp(1.0) + math.exp(-0.5)),  # ~ -1.12
+    ]
+    delta = -0.8
+    expected = [max(0.0, fi - delta) for fi in f]
+    assert expected[0] > 0 and expected[1] == 0.0  # one active, one inactive sample
+    got = free_energy_alignment_loss(E3, delta, reduction="none")
+    assert got.tolist() == pytest.approx(expected, abs=1e-12)
+    assert float(free_energy_alignment_loss(E3, delta, reduction="sum")) == pytest.approx(
+        sum(expected), abs=1e-12
+    )
+    assert float(free_energy_alignment_loss(E3, delta)) == pytest.approx(
+        sum(expected) / 2, abs=1e-12
+    )
+
+
+def test_alignment_loss_with_tau() -> None:
+    tau = 2.0
+    f0 = -math.log(1 + math.exp(-2.0) + math.exp(-6.0)) / tau
+    got = free_energy_alignment_loss(E3[:1], -1.0, tau=tau, reduction="none")
+    assert got.tolist() == pytest.approx([f0 + 1.0], abs=1e-12)
+
+
+def test_alignment_loss_zero_when_all_below_delta() -> None:
+    e = E3.clone().requires_grad_(True)
+    delta = float(free_energy(E3).max()) + 0.01
+    loss = free_energy_alignment_loss(e, delta)
+    assert float(loss.detach()) == 0.0
+    loss.backward()
+    assert e.grad is not None and (e.grad == 0).all()
+
+
+def test_alignment_loss_gradient_reaches_energies_not_delta() -> None:
+    e = E3.clone().requires_grad_(True)
+    delta = torch.tensor(-5.0, dtype=torch.float64, requires_grad=True)
+    loss = free_energy_alignment_loss(e, delta, reduction="sum")
+    loss.backward()
+    assert delta.grad is None
+    # both rows are above -5: gradient = dF/dE = p(c|x)
+    assert e.grad is not None
+    assert torch.allclose(e.grad, torch.softmax(-E3, dim=1), atol=1e-12)
+
+
+def test_alignment_loss_tensor_and_float_delta_agree() -> None:
+    a = free_energy_alignment_loss(E3, -0.8, reduction="none")
+    b = free_energy_alignment_loss(E3, torch.tensor(-0.8, dtype=torch.float64), reduction="none")
+    assert torch.allclose(a, b)
+
+
+# -- Delta estimator ------------------------------------------------------------------------------
+
+
+BATCHES = [[1.0, 3.0], [4.0], [-2.0, 0.0, 5.0], [10.0, 10.5], [0.25]]
+
+
+def _feed(est: DeltaEstimator, batches: list[list[float]]) -> list[float]:
+    return [est.update(torch.tensor(b, dtype=torch.float64)) for b in batches]
+
+
+def _uniform_reference(batches: list[list[float]], seed: int) -> list[float]:
+    rng = np.random.default_rng(seed)
+    out: list[float] = []
+    value: float | None = None
+    for b in batches:
+        d = sum(b) / len(b)
+        if value is None:
+            value = d
+        else:
+            lam = float(rng.uniform())
+            value = lam * value + (1.0 - lam) * d
+        out.append(value)
+    return out
+
+
+def test_delta_first_update_is_batch_mean() -> None:
+    for mode in ("uniform", "momentum"):
+        est = DeltaEstimator(mode=mode, seed=3)  # type: ignore[arg-type]
+        assert est.value is None
+        assert est.update(torch.tensor([1.0, 2.0, 6.0])) == pytest.approx(3.0)
+        assert est.value == pytest.approx(3.0)
+        assert est.steps == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_delta_uniform_matches_seeded_reference(seed: int) -> None:
+    got = _feed(DeltaEstimator(mode="uniform", seed=seed), BATCHES)
+    assert got == pytest.approx(_uniform_reference(BATCHES, seed), rel=1e-12)
+
+
+def test_delta_uniform_seed_reproducibility() -> None:
+    a = _feed(DeltaEstimator(mode="uniform", seed=5), BATCHES)
+    b = _feed(DeltaEstimator(mode="uniform", seed=5), BATCHES)
+    c = _feed(DeltaEstimator(mode="uniform", seed=6), BATCHES)
+    assert a == b
+    assert a[0] == c[0]  # the first batch only initialises
+    assert a[1:] != c[1:]
+
+
+def test_delta_momentum_exact() -> None:
+    est = DeltaEstimator(mode="momentum", momentum=0.9)
+    assert est.update(torch.tensor([1.0, 3.0])) == pytest.approx(2.0)
+    assert est.update(torch.tensor([4.0])) == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)
+    assert est.update(torch.tensor([-1.0, 0.0])) == pytest.approx(0.9 * 2.2 + 0.1 * -0.5)
+    assert est.steps == 3
+    zero = DeltaEstimator(mode="momentum", momentum=0.0)
+    _feed(zero, [[1.0], [7.0]])
+    assert zero.value == pytest.approx(7.0)
+
+
+def test_delta_ignores_gradients() -> None:
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    est = DeltaEstimator()
+    value = est.update(x * 2)
+    assert isinstance(value, float)
+    assert value == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"mode": "ema"}, {"momentum": 1.0}, {"momentum": -0.1}])
+def test_delta_bad_arguments(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        DeltaEstimator(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", BAD_VALUES)
+def test_delta_non_finite_batch(bad: float) -> None:
+    est = DeltaEstimator()
+    with pytest.raises(FloatingPointError):
+        est.update(torch.tensor([1.0, bad]))
+    est.update(torch.tensor([2.0]))
+    with pytest.raises(FloatingPointError):
+        est.update(torch.tensor([bad]))
+    assert est.value == pytest.approx(2.0)  # a rejected batch leaves the state alone
+    assert est.steps == 1
+
+
+@pytest.mark.parametrize("mode", ["uniform", "momentum"])
+def test_delta_state_dict_round_trip(mode: str) -> None:
+    est = DeltaEstimator(mode=mode, seed=11)  # type: ignore[arg-type]
+    _feed(est, BATCHES[:3])
+    state = json.loads(json.dumps(est.state_dict()))  # serialisable
+    expected = _feed(est, BATCHES[3:])
+
+    fresh = DeltaEstimator(mode=mode, seed=999)  # type: ignore[arg-type]
+    fresh.load_state_dict(state)
+    assert fresh.steps == 3
+    assert _feed(fresh, BATCHES[3:]) == expected
+
+    empty = DeltaEstimator(mode=mode, seed=0)  # type: ignore[arg-type]
+    state0 = copy.deepcopy(empty.state_dict())
+    other = DeltaEstimator(mode=mode, seed=1)  # type: ignore[arg-type]
+    _feed(other, BATCHES[:2])
+    other.load_state_dict(state0)
+    assert other.value is None and other.steps == 0
+    assert _feed(other, BATCHES) == _feed(DeltaEstimator(mode=mode, seed=0), BATCHES)  # type: ignore[arg-type]
+
+
+# -- gradient identity (appendix) -----------------------------------------------------------------
+
+
+def test_free_energy_gradient_is_posterior_weighted_energy_gradient() -> None:
+    """dF/dtheta = sum_c p(c|x) dE(x, c)/dtheta (appendix, gradient of the free energy)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3)
+    ).double()
+    params = list(model.parameters())
+    for _ in range(5):
+        x = torch.randn(1, 4, dtype=torch.float64)
+        e = model(x)
+        grad_f = torch.autograd.grad(free_energy(e).sum(), params, retain_graph=True)
+        p = torch.softmax(-e.detach(), dim=1)[0]
+        expected = [torch.zeros_like(q) for q in params]
+        for c in range(3):
+            grad_e = torch.autograd.grad(e[0, c], params, retain_graph=True)
+            for acc, g in zip(expected, grad_e, strict=True):
+                acc += p[c] * g
+        for g, want in zip(grad_f, expected, strict=True):
+            assert torch.allclose(g, want, atol=1e-12)
+        # and it is not the plain average of the energy gradients (p is not uniform)
+        assert not torch.allclose(p, torch.full_like(p, 1 / 3))
