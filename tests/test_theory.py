@@ -115,7 +115,7 @@ def test_lemma1_needs_a_correct_prediction() -> None:
     w = np.array([[-2.0, 0.0], [1.0, 1.0], [0.5, -0.5]])  # energies -2, 1.5, 0.25 -> class 0 wins
     y = 1  # the true label is a high-energy class
     assert _correct_label(w, x) == 0 != y
-    expected, p = _closed_form(w, x, y)
+    expected, _ = _closed_form(w, x, y)
     assert expected < 0
 
     g_l, g_f = _grads(w, x, y)

@@ -1,0 +1,87 @@
+"""Digits benchmark: MNIST->USPS, USPS->MNIST, MNIST->MNIST-M; Source-only, Random, EADA.
+
+Usage (from the repository root, ../shared/data beside it):
+
+    python benchmarks/digits.py [--seeds 0-2] [--tasks mnist-usps,...] [--methods ...]
+                                [--data ../shared/data/digits] [--out benchmarks/results/digits]
+
+Every (task, method) writes ``OUT/<task>/<method>/runs.jsonl`` (one line per finished seed), so
+an interrupted benchmark resumes where it stopped. The summary goes to ``OUT.json`` and the
+Markdown table to stdout (pasted into BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from eada.experiment import run_seeds
+from eada.hparams import METHOD_LABELS, preset_config
+from eada.runs import environment_info, parse_seeds, write_json
+
+TASKS = ("mnist-usps", "usps-mnist", "mnist-mnistm")
+METHODS = ("source_only", "random", "eada")
+
+
+def _fmt(stat: dict[str, Any]) -> str:
+    return f"{stat['mean']:.1f} ± {stat['std']:.1f}"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """One table per task: accuracy (%) after each round, mean ± std over seeds."""
+    lines = []
+    for task, methods in summary["tasks"].items():
+        n_rounds = max(len(m["rounds"]) for m in methods.values())
+        splits = ["target"] + (["heldout"] if "heldout/accuracy" in next(iter(
+            methods.values()))["final"].get("_splits", {}) else [])
+        for split in ("target", "heldout"):
+            if not any(f"last_epoch/{split}/accuracy" in m["final"] for m in methods.values()):
+                continue
+            head = ["method"] + [f"{r}%" for r in range(n_rounds)] + ["final (last epoch)"]
+            lines.append(f"\n**{task}** — {split} accuracy (%), mean ± std over seeds "
+                         f"{summary['seeds']}\n")
+            lines.append("| " + " | ".join(head) + " |")
+            lines.append("|" + "---|" * len(head))
+            for m, res in methods.items():
+                cells = []
+                for r in range(n_rounds):
+                    row = res["rounds"][r] if r < len(res["rounds"]) else None
+                    cells.append(_fmt(row[f"{split}/accuracy"]) if row else "")
+                final = res["final"][f"last_epoch/{split}/accuracy"]
+                lines.append(f"| {METHOD_LABELS[m]} | " + " | ".join(cells) + f" | {_fmt(final)} |")
+        del splits
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the grid, write the summary JSON and print the Markdown tables."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--seeds", default="0-2")
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--data", default="../shared/data/digits")
+    p.add_argument("--out", default="benchmarks/results/digits")
+    args = p.parse_args(argv)
+    seeds = parse_seeds(args.seeds)
+    out = Path(args.out)
+    summary: dict[str, Any] = {"benchmark": "digits", "seeds": seeds, "tasks": {},
+                               "meta": environment_info()}
+    for task in args.tasks.split(","):
+        summary["tasks"][task] = {}
+        for method in args.methods.split(","):
+            def make(seed: int, task: str = task, method: str = method) -> Any:
+                return preset_config(f"digits/{task}", method, seed, [f"data.root={args.data}"])
+
+            print(f"== {task} / {method}", file=sys.stderr, flush=True)
+            res = run_seeds(make, seeds, out / task / method)
+            summary["tasks"][task][method] = {k: res[k] for k in ("final", "rounds")}
+            summary["tasks"][task][method]["config"] = make(seeds[0]).resolved()
+            write_json(out.with_suffix(".json"), summary)
+    print(markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
