@@ -13,6 +13,7 @@ Markdown table to stdout (pasted into BENCHMARKS.md).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,14 +35,13 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = []
     for task, methods in summary["tasks"].items():
         n_rounds = max(len(m["rounds"]) for m in methods.values())
-        splits = ["target"] + (["heldout"] if "heldout/accuracy" in next(iter(
-            methods.values()))["final"].get("_splits", {}) else [])
         for split in ("target", "heldout"):
             if not any(f"last_epoch/{split}/accuracy" in m["final"] for m in methods.values()):
                 continue
             head = ["method"] + [f"{r}%" for r in range(n_rounds)] + ["final (last epoch)"]
-            lines.append(f"\n**{task}** — {split} accuracy (%), mean ± std over seeds "
-                         f"{summary['seeds']}\n")
+            lines.append(
+                f"\n**{task}** — {split} accuracy (%), mean ± std over seeds {summary['seeds']}\n"
+            )
             lines.append("| " + " | ".join(head) + " |")
             lines.append("|" + "---|" * len(head))
             for m, res in methods.items():
@@ -51,7 +51,6 @@ def markdown(summary: dict[str, Any]) -> str:
                     cells.append(_fmt(row[f"{split}/accuracy"]) if row else "")
                 final = res["final"][f"last_epoch/{split}/accuracy"]
                 lines.append(f"| {METHOD_LABELS[m]} | " + " | ".join(cells) + f" | {_fmt(final)} |")
-        del splits
     return "\n".join(lines)
 
 
@@ -63,14 +62,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--data", default="../shared/data/digits")
     p.add_argument("--out", default="benchmarks/results/digits")
+    p.add_argument("--table-only", action="store_true", help="print the table of OUT.json only")
     args = p.parse_args(argv)
+    if args.table_only:
+        print(markdown(json.loads(Path(args.out).with_suffix(".json").read_text())))
+        return 0
     seeds = parse_seeds(args.seeds)
     out = Path(args.out)
-    summary: dict[str, Any] = {"benchmark": "digits", "seeds": seeds, "tasks": {},
-                               "meta": environment_info()}
+    summary: dict[str, Any] = {
+        "benchmark": "digits",
+        "seeds": seeds,
+        "tasks": {},
+        "meta": environment_info(),
+    }
     for task in args.tasks.split(","):
         summary["tasks"][task] = {}
         for method in args.methods.split(","):
+
             def make(seed: int, task: str = task, method: str = method) -> Any:
                 return preset_config(f"digits/{task}", method, seed, [f"data.root={args.data}"])
 

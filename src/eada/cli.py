@@ -1,11 +1,11 @@
 """The ``eada`` command line.
 
-    eada demo [--seeds N] [--out DIR]           the toy example (paper Fig. 5), no download
-    eada run PRESET|CONFIG.yaml [--method M] [--seeds 0-2] [--set key=value ...] [--out DIR]
-    eada run ... --dry-run                     validate and print the plan, touch no data
-    eada presets                               list presets and methods
-    eada strategies                            list query strategies
-    eada config show PRESET [--method M]       print a preset as YAML, to edit and run
+eada demo [--seeds N] [--out DIR]           the toy example (paper Fig. 5), no download
+eada run PRESET|CONFIG.yaml [--method M] [--seeds 0-2] [--set key=value ...] [--out DIR]
+eada run ... --dry-run                     validate and print the plan, touch no data
+eada presets                               list presets and methods
+eada strategies                            list query strategies
+eada config show PRESET [--method M]       print a preset as YAML, to edit and run
 """
 
 from __future__ import annotations
@@ -51,15 +51,18 @@ def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
         return preset_config(args.config, args.method, seed, args.set)
     path = Path(args.config)
     if not path.exists():
-        raise ConfigError(f"{args.config!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
-                          "nor an existing config file")
+        raise ConfigError(
+            f"{args.config!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
+            "nor an existing config file"
+        )
     if args.method:
         from eada.hparams import METHODS
 
         if args.method not in METHODS:
             raise ConfigError(f"unknown method {args.method!r}; known: {', '.join(METHODS)}")
-        overrides = [f"{sec}.{k}={v}" for sec, d in METHODS[args.method].items()
-                     for k, v in d.items()]
+        overrides = [
+            f"{sec}.{k}={v}" for sec, d in METHODS[args.method].items() for k, v in d.items()
+        ]
     else:
         overrides = []
     return load_config(path, [*overrides, *args.set, f"seed={seed}"])
@@ -77,28 +80,44 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.print(f"seeds: {seeds}")
         a = cfg.active
         if a.enabled:
-            console.print(f"rounds at the end of epochs {a.rounds_at}: strategy {a.strategy}, "
-                          f"budget {a.budget_per_round} a round, alpha1 {a.alpha1}, "
-                          f"rule {a.selection_rule}")
+            console.print(
+                f"rounds at the end of epochs {a.rounds_at}: strategy {a.strategy}, "
+                f"budget {a.budget_per_round} a round, alpha1 {a.alpha1}, "
+                f"rule {a.selection_rule}"
+            )
         else:
             console.print("no active rounds (no target labels)")
         console.print("config valid; no data touched (--dry-run)")
         return 0
     out = Path(args.out) if args.out else Path("runs") / cfg.name.replace("/", "_")
     summary = run_seeds(lambda s: configs[s], seeds, out, progress=_log)
-    table = Table(title=f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {len(seeds)} seeds)")
+    table = Table(
+        title=f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {len(seeds)} seeds)"
+    )
     table.add_column("round")
     table.add_column("labeled")
-    splits = [k for k in ("target/accuracy", "heldout/accuracy") if k in summary["rounds"][0]] \
-        if summary["rounds"] else []
+    splits = (
+        [k for k in ("target/accuracy", "heldout/accuracy") if k in summary["rounds"][0]]
+        if summary["rounds"]
+        else []
+    )
     for k in splits:
         table.add_column(k, justify="right")
     for row in summary["rounds"]:
-        table.add_row(str(row["round"]), str(row["n_labeled"][0]),
-                      *[f"{row[k]['mean']:.2f} ± {row[k]['std']:.2f}" for k in splits])
+        table.add_row(
+            str(row["round"]),
+            str(row["n_labeled"][0]),
+            *[f"{row[k]['mean']:.2f} ± {row[k]['std']:.2f}" for k in splits],
+        )
     fin = summary["final"]
-    table.add_row("final", "", *[f"{fin['last_epoch/' + k]['mean']:.2f} ± "
-                                 f"{fin['last_epoch/' + k]['std']:.2f}" for k in splits])
+    table.add_row(
+        "final",
+        "",
+        *[
+            f"{fin['last_epoch/' + k]['mean']:.2f} ± {fin['last_epoch/' + k]['std']:.2f}"
+            for k in splits
+        ],
+    )
     console.print(table)
     console.print(f"results: {out / 'results.json'}")
     return 0
@@ -147,8 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config", help="a preset name (see `eada presets`) or a YAML config file")
     r.add_argument("--method", default=None, help="method variant, e.g. random, eada, source_only")
     r.add_argument("--seeds", default="0", help="seeds, e.g. 0-4 or 0,1,2 (default 0)")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key, e.g. --set train.epochs=3 (repeatable)")
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set train.epochs=3 (repeatable)",
+    )
     r.add_argument("--out", default=None, help="output folder (default runs/<name>)")
     r.add_argument("--dry-run", action="store_true", help="validate and print the plan only")
     r.set_defaults(func=_cmd_run)

@@ -119,14 +119,21 @@ class ActiveConfig(_Strict):
     @classmethod
     def _known_strategy(cls, v: str) -> str:
         if v != "none" and v not in STRATEGIES:
-            raise ValueError(f"unknown strategy {v!r}; known: none, {', '.join(sorted(STRATEGIES))}")
+            raise ValueError(
+                f"unknown strategy {v!r}; known: none, {', '.join(sorted(STRATEGIES))}"
+            )
+        return v
+
+    @field_validator("budget_per_round", mode="before")
+    @classmethod
+    def _budget_not_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError("budget_per_round must be an int count or a float share, not a bool")
         return v
 
     @field_validator("budget_per_round")
     @classmethod
     def _budget(cls, v: int | float) -> int | float:
-        if isinstance(v, bool):
-            raise ValueError("budget_per_round must be an int count or a float share")
         if isinstance(v, int) and v < 1:
             raise ValueError(f"a budget count must be >= 1, got {v}")
         if isinstance(v, float) and not 0.0 < v <= 1.0:
@@ -164,7 +171,8 @@ class ExperimentConfig(_Strict):
     def _rounds_within_epochs(self) -> ExperimentConfig:
         if self.active.rounds_at and self.active.rounds_at[-1] > self.train.epochs:
             raise ValueError(
-                f"active.rounds_at {self.active.rounds_at} goes past train.epochs={self.train.epochs}"
+                f"active.rounds_at {self.active.rounds_at} goes past "
+                f"train.epochs={self.train.epochs}"
             )
         return self
 

@@ -17,6 +17,7 @@ import torch
 from eada.data.tasks import load_task
 from eada.experiment import final_accuracy, run_once
 from eada.hparams import METHOD_LABELS, preset_config
+from eada.models.base import EnergyNet
 from eada.reports.figures import ToyPanel, plot_toy
 from eada.runs import append_jsonl, environment_info, summarize, write_json
 from eada.train.loop import ActiveDATrainer
@@ -27,6 +28,8 @@ DEMO_METHODS: tuple[str, ...] = ("source_only", "random", "eada", "eada_no_fea")
 
 
 def _boundary(model: torch.nn.Module) -> tuple[np.ndarray, float]:
+    if not isinstance(model, EnergyNet):
+        raise TypeError("the toy figure needs an EnergyNet with a linear head")
     w = model.head.weight.detach().cpu().numpy().astype(float)
     b = model.head.bias.detach().cpu().numpy().astype(float)
     return w[0] - w[1], float(b[0] - b[1])
@@ -65,15 +68,23 @@ def run_demo(
             task = load_task(cfg.data, s)
             bounds: list[tuple[np.ndarray, float]] = []
 
-            def record(event: str, trainer: ActiveDATrainer, info: dict[str, Any],
-                       _b: list[tuple[np.ndarray, float]] = bounds) -> None:
+            def record(
+                event: str,
+                trainer: ActiveDATrainer,
+                info: dict[str, Any],
+                _b: list[tuple[np.ndarray, float]] = bounds,
+            ) -> None:
                 if event == "before_round":
                     _b.append(_boundary(trainer.model))
 
             final_model: dict[str, Any] = {}
 
-            def keep(event: str, trainer: ActiveDATrainer, info: dict[str, Any],
-                     _f: dict[str, Any] = final_model) -> None:
+            def keep(
+                event: str,
+                trainer: ActiveDATrainer,
+                info: dict[str, Any],
+                _f: dict[str, Any] = final_model,
+            ) -> None:
                 if event == "epoch_end":
                     _f["boundary"] = _boundary(trainer.model)
 
@@ -81,21 +92,37 @@ def run_demo(
             append_jsonl(log, {"method": m, **run})
             err = 100.0 - final_accuracy(run)
             errors.append(err)
-            round_errors.append([100.0 - r["after_training"]["target"]["accuracy"]
-                                 for r in run["results"]["rounds"] if "after_training" in r])
+            round_errors.append(
+                [
+                    100.0 - r["after_training"]["target"]["accuracy"]
+                    for r in run["results"]["rounds"]
+                    if "after_training" in r
+                ]
+            )
             if progress:
                 progress(f"{METHOD_LABELS[m]:<16} seed {s}: target error {err:5.1f}%")
             if s == 0:
-                panels.append(ToyPanel(
-                    title=f"{METHOD_LABELS[m]} (seed 0): {err:.1f}% error",
-                    source_x=task.source.x.numpy(), source_y=task.source.y.numpy(),
-                    target_x=task.target.x.numpy(), target_y=task.target.y.numpy(),
-                    selected=[np.asarray(r["selected"]) for r in run["results"]["rounds"][1:]],
-                    boundaries=bounds, final=final_model["boundary"]))
+                panels.append(
+                    ToyPanel(
+                        title=f"{METHOD_LABELS[m]} (seed 0): {err:.1f}% error",
+                        source_x=task.source.x.numpy(),
+                        source_y=task.source.y.numpy(),
+                        target_x=task.target.x.numpy(),
+                        target_y=task.target.y.numpy(),
+                        selected=[np.asarray(r["selected"]) for r in run["results"]["rounds"][1:]],
+                        boundaries=bounds,
+                        final=final_model["boundary"],
+                    )
+                )
         stats = summarize(errors)
-        strategies[m] = {"label": METHOD_LABELS[m], "errors": errors, "mean_error": stats["mean"],
-                         "std_error": stats["std"], "round_errors": round_errors,
-                         "paper_error": PAPER_TOY_ERRORS.get(m)}
+        strategies[m] = {
+            "label": METHOD_LABELS[m],
+            "errors": errors,
+            "mean_error": stats["mean"],
+            "std_error": stats["std"],
+            "round_errors": round_errors,
+            "paper_error": PAPER_TOY_ERRORS.get(m),
+        }
     figure = plot_toy(panels, out / "toy_fig5.png")
     results = {
         "benchmark": "toy (paper Fig. 5)",

@@ -169,7 +169,9 @@ class DeltaEstimator:
         """Fold one source batch's free energies into ``Delta`` and return the new value."""
         batch_mean = float(source_free_energy.detach().mean())
         if not math.isfinite(batch_mean):
-            raise FloatingPointError(f"non-finite source free energy ({batch_mean}) at step {self.steps}")
+            raise FloatingPointError(
+                f"non-finite source free energy ({batch_mean}) at step {self.steps}"
+            )
         if self.value is None:
             self.value = batch_mean
         else:
@@ -187,7 +189,7 @@ class DeltaEstimator:
         value = state["value"]
         self.value = None if value is None else float(value)  # type: ignore[arg-type]
         self.steps = int(state["steps"])  # type: ignore[call-overload]
-        self._rng.bit_generator.state = state["rng"]
+        self._rng.bit_generator.state = state["rng"]  # type: ignore[assignment]
 
 
 def _check_energies(energies: torch.Tensor) -> None:
@@ -195,4 +197,6 @@ def _check_energies(energies: torch.Tensor) -> None:
         raise ValueError(f"energies must have shape (N, C), got {tuple(energies.shape)}")
     if not torch.isfinite(energies).all():
         bad = int((~torch.isfinite(energies)).any(dim=1).sum())
-        raise ValueError(f"energies contain NaN or infinite values ({bad} of {energies.shape[0]} rows)")
+        raise ValueError(
+            f"energies contain NaN or infinite values ({bad} of {energies.shape[0]} rows)"
+        )

@@ -35,8 +35,9 @@ def run_once(
     return {"seed": cfg.seed, "config": cfg.resolved(), "results": result.to_dict()}
 
 
-def final_accuracy(run: dict[str, Any], split: str = "target", key: str = "accuracy",
-                   which: str = "last_epoch") -> float:
+def final_accuracy(
+    run: dict[str, Any], split: str = "target", key: str = "accuracy", which: str = "last_epoch"
+) -> float:
     """A run's final accuracy (percent) on ``split`` (``target``/``heldout``)."""
     return float(run["results"]["final"][which][split][key])
 
@@ -88,7 +89,10 @@ def run_seeds(
         append_jsonl(log, run)
         done[seed] = run
     runs = [done[s] for s in seeds]
-    summary = {"name": configs[seeds[0]].name, "strategy": configs[seeds[0]].active.strategy,
-               **summarize_runs(runs)}
+    summary = {
+        "name": configs[seeds[0]].name,
+        "strategy": configs[seeds[0]].active.strategy,
+        **summarize_runs(runs),
+    }
     write_json(out_dir / "results.json", summary)
     return summary

@@ -26,13 +26,22 @@ from eada.config import ExperimentConfig, apply_overrides, parse_config
 PRESETS: dict[str, dict[str, Any]] = {
     "toy": {
         "name": "toy",
-        "data": {"kind": "toy", "n_per_class": 500, "separation": 7.0, "std": 1.0,
-                 "rotation_deg": 90.0},
+        "data": {
+            "kind": "toy",
+            "n_per_class": 500,
+            "separation": 7.0,
+            "std": 1.0,
+            "rotation_deg": 90.0,
+        },
         "model": {"name": "linear"},
         "optim": {"name": "adadelta", "lr": 0.1},
         "train": {"epochs": 40, "batch_size": 32, "gamma": 0.01},
-        "active": {"strategy": "eada", "rounds_at": [10, 20, 30], "budget_per_round": 0.02,
-                   "alpha1": 0.5},
+        "active": {
+            "strategy": "eada",
+            "rounds_at": [10, 20, 30],
+            "budget_per_round": 0.02,
+            "alpha1": 0.5,
+        },
     },
 }
 
@@ -40,8 +49,12 @@ _DIGITS_COMMON: dict[str, Any] = {
     "model": {"name": "lenet"},
     "optim": {"name": "adam", "lr": 0.001},
     "train": {"epochs": 7, "batch_size": 64, "gamma": 0.01, "eval_every": 1},
-    "active": {"strategy": "eada", "rounds_at": [1, 2, 3, 4, 5], "budget_per_round": 0.01,
-               "alpha1": 0.5},
+    "active": {
+        "strategy": "eada",
+        "rounds_at": [1, 2, 3, 4, 5],
+        "budget_per_round": 0.01,
+        "alpha1": 0.5,
+    },
 }
 
 _DIGIT_TASKS = {
@@ -54,8 +67,16 @@ _DIGIT_TASKS = {
 for _name, (_s, _t, _ss, _ts, _hs, _ch, _sz) in _DIGIT_TASKS.items():
     PRESETS[f"digits/{_name}"] = {
         "name": f"digits/{_name}",
-        "data": {"kind": "digits", "source": _s, "target": _t, "source_split": _ss,
-                 "target_split": _ts, "heldout_split": _hs, "channels": _ch, "image_size": _sz},
+        "data": {
+            "kind": "digits",
+            "source": _s,
+            "target": _t,
+            "source_split": _ss,
+            "target_split": _ts,
+            "heldout_split": _hs,
+            "channels": _ch,
+            "image_size": _sz,
+        },
         **copy.deepcopy(_DIGITS_COMMON),
     }
 

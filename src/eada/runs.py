@@ -25,11 +25,22 @@ def git_commit(path: Path | None = None) -> dict[str, Any]:
     """
     for where in (path or Path.cwd(), Path(__file__).resolve().parent):
         try:
-            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
-                                    text=True, timeout=10, check=True).stdout.strip()
-            dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                                   cwd=where, capture_output=True, text=True, timeout=10,
-                                   check=True).stdout.strip()
+            commit = subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                cwd=where,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=where,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout.strip()
             return {"commit": commit, "dirty": bool(dirty)}
         except (OSError, subprocess.SubprocessError):
             continue

@@ -29,7 +29,9 @@ class Task:
                 f"{self.target.num_classes}: the label spaces must match"
             )
         if self.source.classes != self.target.classes:
-            raise ValueError("source and target class names differ (same count, different names/order)")
+            raise ValueError(
+                "source and target class names differ (same count, different names/order)"
+            )
         if self.source.x.shape[1:] != self.target.x.shape[1:]:
             raise ValueError(
                 f"source inputs {tuple(self.source.x.shape[1:])} and target inputs "

@@ -46,7 +46,11 @@ def make_toy(
     x = np.concatenate([rng.normal(means[k], std, size=(n_per_class, 2)) for k in range(2)])
     y = np.repeat(np.arange(2), n_per_class)
     classes = ["circle", "plus"]
-    source = TensorDomain("toy-source", torch.tensor(x, dtype=torch.float32), torch.tensor(y), classes)
+    source = TensorDomain(
+        "toy-source", torch.tensor(x, dtype=torch.float32), torch.tensor(y), classes
+    )
     xt = rotate(x, rotation_deg)
-    target = TensorDomain("toy-target", torch.tensor(xt, dtype=torch.float32), torch.tensor(y), classes)
+    target = TensorDomain(
+        "toy-target", torch.tensor(xt, dtype=torch.float32), torch.tensor(y), classes
+    )
     return source, target

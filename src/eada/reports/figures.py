@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 
 @dataclass
@@ -36,7 +37,7 @@ class ToyPanel:
     final: tuple[np.ndarray, float] | None = None
 
 
-def _line(ax: plt.Axes, w: np.ndarray, b: float, lim: float, **kw: object) -> None:
+def _line(ax: plt.Axes, w: np.ndarray, b: float, lim: float, **kw: Any) -> None:
     t = np.linspace(-lim, lim, 200)
     if abs(w[1]) > abs(w[0]):
         ax.plot(t, -(w[0] * t + b) / w[1], **kw)
@@ -58,12 +59,22 @@ def plot_toy(panels: list[ToyPanel], path: Path) -> Path:
     round_cols = ["#1f77b4", "#9467bd", "#111111", "#ff7f0e", "#8c564b", "#17becf"]
     for ax, p in zip(axes[0], panels, strict=True):
         for cls, mark in ((0, "o"), (1, "+")):
-            for pts, lab, col in ((p.source_x, p.source_y, "#2ca02c"), (p.target_x, p.target_y, "#d62728")):
+            for pts, lab, col in (
+                (p.source_x, p.source_y, "#2ca02c"),
+                (p.target_x, p.target_y, "#d62728"),
+            ):
                 style = {"facecolors": "none", "edgecolors": col} if mark == "o" else {"c": col}
                 ax.scatter(*pts[lab == cls].T, s=9, marker=mark, linewidths=0.7, alpha=0.6, **style)
         for r, idx in enumerate(p.selected):
-            ax.scatter(*p.target_x[idx].T, s=42, marker=round_marks[r % 6], facecolors="none",
-                       edgecolors=round_cols[r % 6], linewidths=1.4, label=f"round {r + 1}")
+            ax.scatter(
+                *p.target_x[idx].T,
+                s=42,
+                marker=round_marks[r % 6],
+                facecolors="none",
+                edgecolors=round_cols[r % 6],
+                linewidths=1.4,
+                label=f"round {r + 1}",
+            )
         for r, (w, b) in enumerate(p.boundaries):
             _line(ax, w, b, lim, ls="--", lw=1.0, c=round_cols[r % 6])
         if p.final is not None:
@@ -76,8 +87,11 @@ def plot_toy(panels: list[ToyPanel], path: Path) -> Path:
         ax.set_yticks([])
         if p.selected:
             ax.legend(loc="lower right", fontsize=7, frameon=True)
-    fig.suptitle("Toy example (green: labeled source, red: unlabeled target; "
-                 "dashed: boundary before each round, solid: final)", fontsize=9)
+    fig.suptitle(
+        "Toy example (green: labeled source, red: unlabeled target; "
+        "dashed: boundary before each round, solid: final)",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

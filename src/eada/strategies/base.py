@@ -59,7 +59,11 @@ class PoolOutputs:
             value = getattr(self, name)
             if value is None:
                 continue
-            arr = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+            arr = (
+                value.detach().cpu().numpy()
+                if isinstance(value, torch.Tensor)
+                else np.asarray(value)
+            )
             if not np.issubdtype(arr.dtype, np.floating):
                 arr = arr.astype(np.float64)
             if not np.isfinite(arr).all():
@@ -145,7 +149,9 @@ def check_request(pool: PoolOutputs, budget: int) -> int:
     if budget < 1:
         raise ValueError(f"budget must be at least 1, got {budget}")
     if budget > n:
-        raise BudgetTooLargeError(f"budget {budget} is larger than the unlabeled pool ({n} samples)")
+        raise BudgetTooLargeError(
+            f"budget {budget} is larger than the unlabeled pool ({n} samples)"
+        )
     return n
 
 

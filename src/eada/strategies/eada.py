@@ -78,7 +78,9 @@ def stage_sizes(
                 f"rule='reference' needs n_target, the size of the whole target set (>= pool size "
                 f"{n_pool}); got {n_target}"
             )
-        share = Fraction(str(budget_share)) if budget_share is not None else Fraction(budget, n_target)
+        share = (
+            Fraction(str(budget_share)) if budget_share is not None else Fraction(budget, n_target)
+        )
         n1 = min(math.ceil(a1 * n_target), n_pool)
         n2 = math.ceil(n1 * share / a1)
     else:
@@ -90,7 +92,9 @@ def stage_sizes(
             "raise alpha1 or lower the budget"
         )
     if n2 > n_pool:
-        raise BudgetTooLargeError(f"budget {n2} is larger than the unlabeled pool ({n_pool} samples)")
+        raise BudgetTooLargeError(
+            f"budget {n2} is larger than the unlabeled pool ({n_pool} samples)"
+        )
     return n1, n2
 
 
@@ -98,7 +102,8 @@ def stage_sizes(
     "eada",
     needs=("free_energy", "mvsm"),
     summary="top alpha1 share by free energy, then the highest MvSM among them",
-    reference="Xie et al., Active Learning for Domain Adaptation: An Energy-Based Approach, AAAI 2022",
+    reference="Xie et al., Active Learning for Domain Adaptation: An Energy-Based Approach, "
+    "AAAI 2022",
 )
 def eada_select(
     pool: PoolOutputs,
@@ -129,8 +134,13 @@ def eada_select(
     return Selection(
         indices=picked,
         scores={"free_energy": f, "mvsm": u},
-        info={"rule": rule, "alpha1": alpha1, "n_stage1": n1, "n_stage2": n2,
-              "free_energy_threshold": float(f[candidates[-1]])},
+        info={
+            "rule": rule,
+            "alpha1": alpha1,
+            "n_stage1": n1,
+            "n_stage2": n2,
+            "free_energy_threshold": float(f[candidates[-1]]),
+        },
     )
 
 
@@ -140,7 +150,9 @@ def eada_select(
     summary="EADA without F (ablation): the highest MvSM over the whole pool",
     reference="Xie et al. AAAI 2022, ablation 'EADA w/o F'",
 )
-def mvsm_select(pool: PoolOutputs, budget: int, rng: np.random.Generator | None = None, **_: Any) -> Selection:
+def mvsm_select(
+    pool: PoolOutputs, budget: int, rng: np.random.Generator | None = None, **_: Any
+) -> Selection:
     """EADA w/o F: the ``budget`` samples with the highest MvSM (alpha1 = 100%)."""
     check_request(pool, budget)
     u = pool.get_mvsm()

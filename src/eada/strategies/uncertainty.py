@@ -27,7 +27,9 @@ def random_select(pool: PoolOutputs, budget: int, rng: np.random.Generator, **_:
     summary="highest predictive entropy H(p(y|x))",
     reference="Wang & Shang, A new active labeling method for deep learning, IJCNN 2014",
 )
-def entropy_select(pool: PoolOutputs, budget: int, rng: np.random.Generator | None = None, **_: Any) -> Selection:
+def entropy_select(
+    pool: PoolOutputs, budget: int, rng: np.random.Generator | None = None, **_: Any
+) -> Selection:
     """The ``budget`` samples of highest entropy ``-sum_y p log p``."""
     check_request(pool, budget)
     p = pool.probabilities("entropy")
@@ -42,7 +44,9 @@ def entropy_select(pool: PoolOutputs, budget: int, rng: np.random.Generator | No
     reference="Joshi, Porikli & Papanikolopoulos, Multi-class active learning for image "
     "classification, CVPR 2009",
 )
-def margin_select(pool: PoolOutputs, budget: int, rng: np.random.Generator | None = None, **_: Any) -> Selection:
+def margin_select(
+    pool: PoolOutputs, budget: int, rng: np.random.Generator | None = None, **_: Any
+) -> Selection:
     """Best-versus-second-best: the ``budget`` samples with the smallest ``p1 - p2``."""
     check_request(pool, budget)
     p = pool.probabilities("margin")

@@ -10,18 +10,24 @@ from torch import nn
 
 from eada import energy as energy_ops
 from eada.data.base import TensorDomain
+from eada.models.base import EnergyNet
 from eada.strategies import PoolOutputs
 
 
-def _batches(domain: TensorDomain, indices: torch.Tensor, batch_size: int) -> Iterable[torch.Tensor]:
+def _batches(
+    domain: TensorDomain, indices: torch.Tensor, batch_size: int
+) -> Iterable[torch.Tensor]:
     for start in range(0, len(indices), batch_size):
         yield indices[start : start + batch_size]
 
 
 @torch.no_grad()
 def predict_energies(
-    model: nn.Module, domain: TensorDomain, indices: torch.Tensor | None = None,
-    batch_size: int = 512, device: torch.device | str = "cpu",
+    model: nn.Module,
+    domain: TensorDomain,
+    indices: torch.Tensor | None = None,
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Energies ``(N, C)`` of ``domain[indices]`` (all samples by default), model in eval mode."""
     model.eval()
@@ -30,7 +36,9 @@ def predict_energies(
     return torch.cat(out) if out else torch.empty(0, 0)
 
 
-def accuracy_metrics(energies: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, object]:
+def accuracy_metrics(
+    energies: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> dict[str, object]:
     """Overall accuracy, per-class accuracy and their mean (in percent) from energies.
 
     The prediction is ``argmin_y E(x, y)``. Classes absent from ``labels`` get ``None`` and are
@@ -51,7 +59,10 @@ def accuracy_metrics(energies: torch.Tensor, labels: torch.Tensor, num_classes: 
 
 
 def evaluate(
-    model: nn.Module, domain: TensorDomain, batch_size: int = 512, device: torch.device | str = "cpu"
+    model: nn.Module,
+    domain: TensorDomain,
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
 ) -> dict[str, object]:
     """Accuracy metrics of ``model`` on a whole domain, plus its mean free energy."""
     e = predict_energies(model, domain, None, batch_size, device)
@@ -62,8 +73,12 @@ def evaluate(
 
 @torch.no_grad()
 def score_pool(
-    model: nn.Module, domain: TensorDomain, indices: torch.Tensor, needs: tuple[str, ...],
-    batch_size: int = 512, device: torch.device | str = "cpu",
+    model: nn.Module,
+    domain: TensorDomain,
+    indices: torch.Tensor,
+    needs: tuple[str, ...],
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
 ) -> PoolOutputs:
     """One eval-mode pass over the pool, keeping only what the strategy ``needs``.
 
@@ -76,7 +91,7 @@ def score_pool(
     f, u, es, zs = [], [], [], []
     for b in _batches(domain, indices, batch_size):
         x = domain.x[b].to(device)
-        if keep_z and hasattr(model, "embed"):
+        if keep_z and isinstance(model, EnergyNet):
             z = model.embed(x)
             e = model.head(z).float()
             zs.append(z.float().cpu())

@@ -16,7 +16,6 @@ training that follows it.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,12 +54,18 @@ def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer
     bb_ids = {id(p) for p in backbone.parameters()} if isinstance(backbone, nn.Module) else set()
     bb = [p for p in model.parameters() if id(p) in bb_ids and p.requires_grad]
     rest = [p for p in model.parameters() if id(p) not in bb_ids and p.requires_grad]
-    groups = [g for g in (
-        {"params": bb, "lr": cfg.lr * cfg.backbone_lr_mult},
-        {"params": rest, "lr": cfg.lr},
-    ) if g["params"]]
+    groups = [
+        g
+        for g in (
+            {"params": bb, "lr": cfg.lr * cfg.backbone_lr_mult},
+            {"params": rest, "lr": cfg.lr},
+        )
+        if g["params"]
+    ]
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(
+            groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
     if cfg.name == "adam":
         return torch.optim.Adam(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.Adadelta(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -73,8 +78,14 @@ class BatchStream:
     set as one batch; a batch of one sample is duplicated (batch norm needs two).
     """
 
-    def __init__(self, domain: TensorDomain, indices: torch.Tensor, batch_size: int,
-                 generator: torch.Generator, labels: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        domain: TensorDomain,
+        indices: torch.Tensor,
+        batch_size: int,
+        generator: torch.Generator,
+        labels: torch.Tensor | None = None,
+    ) -> None:
         self.domain = domain
         self.labels = domain.y if labels is None else labels
         self.indices = indices
@@ -123,9 +134,14 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict for ``json.dump``."""
-        return {"plan": self.plan, "rounds": self.rounds, "history": self.history,
-                "final": self.final, "labeled_indices": self.labeled_indices,
-                "seconds": self.seconds}
+        return {
+            "plan": self.plan,
+            "rounds": self.rounds,
+            "history": self.history,
+            "final": self.final,
+            "labeled_indices": self.labeled_indices,
+            "seconds": self.seconds,
+        }
 
 
 class ActiveDATrainer:
@@ -145,8 +161,14 @@ class ActiveDATrainer:
             serve (budget larger than the pool, alpha1 too small) -- all before any training.
     """
 
-    def __init__(self, cfg: ExperimentConfig, task: Task, model: nn.Module | None = None,
-                 oracle: Oracle | None = None, callbacks: list[Callback] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        task: Task,
+        model: nn.Module | None = None,
+        oracle: Oracle | None = None,
+        callbacks: list[Callback] | None = None,
+    ) -> None:
         task.check()
         self.cfg = cfg
         self.task = task
@@ -154,12 +176,16 @@ class ActiveDATrainer:
         self.callbacks = list(callbacks or [])
         self.plan = self.make_plan()
         torch.manual_seed(cfg.seed)
-        self.model = (model if model is not None else build_model(
-            cfg.model, tuple(task.source.x.shape[1:]), task.source.num_classes)).to(self.device)
+        self.model = (
+            model
+            if model is not None
+            else build_model(cfg.model, tuple(task.source.x.shape[1:]), task.source.num_classes)
+        ).to(self.device)
         self.optimizer = build_optimizer(cfg.optim, self.model)
         self.oracle: Oracle = oracle if oracle is not None else SimulatedOracle(task.target.y)
-        self.delta = energy_ops.DeltaEstimator(cfg.train.delta_mode, cfg.train.delta_momentum,
-                                               seed=cfg.seed + 1)
+        self.delta = energy_ops.DeltaEstimator(
+            cfg.train.delta_mode, cfg.train.delta_momentum, seed=cfg.seed + 1
+        )
         self.strategy_rng = np.random.default_rng(cfg.seed + 2)
         gen = torch.Generator().manual_seed(cfg.seed + 3)
         n_t = len(task.target)
@@ -168,8 +194,9 @@ class ActiveDATrainer:
         bs = cfg.train.batch_size
         self.source_stream = BatchStream(task.source, torch.arange(len(task.source)), bs, gen)
         self.unlabeled_stream = BatchStream(task.target, torch.arange(n_t), bs, gen)
-        self.labeled_stream = BatchStream(task.target, torch.empty(0, dtype=torch.long), bs, gen,
-                                          labels=self.target_labels)
+        self.labeled_stream = BatchStream(
+            task.target, torch.empty(0, dtype=torch.long), bs, gen, labels=self.target_labels
+        )
 
     # -- planning ---------------------------------------------------------------------------
     def make_plan(self) -> list[dict[str, Any]]:
@@ -189,11 +216,14 @@ class ActiveDATrainer:
                 else:
                     if budget > pool:
                         raise BudgetTooLargeError(
-                            f"budget {budget} is larger than the unlabeled pool ({pool} samples)")
+                            f"budget {budget} is larger than the unlabeled pool ({pool} samples)"
+                        )
                     n1, n2 = pool, budget
             except ValueError as err:
                 raise ValueError(f"round {r} (epoch {epoch}): {err}") from None
-            plan.append({"round": r, "epoch": epoch, "pool_before": pool, "stage1": n1, "budget": n2})
+            plan.append(
+                {"round": r, "epoch": epoch, "pool_before": pool, "stage1": n1, "budget": n2}
+            )
             pool -= n2
         return plan
 
@@ -245,13 +275,22 @@ class ActiveDATrainer:
         pool_idx = torch.nonzero(~self.labeled_mask).squeeze(1)
         t0 = time.perf_counter()
         needs = tuple(spec.needs) + (("energies",) if "energies" not in spec.needs else ())
-        outputs = score_pool(self.model, self.task.target, pool_idx, needs,
-                             self.cfg.train.eval_batch_size, self.device)
+        outputs = score_pool(
+            self.model,
+            self.task.target,
+            pool_idx,
+            needs,
+            self.cfg.train.eval_batch_size,
+            self.device,
+        )
         t1 = time.perf_counter()
         params = dict(a.params)
         if a.strategy == "eada":
-            params.update(alpha1=a.alpha1, rule=a.selection_rule,
-                          budget_share=a.budget_per_round if isinstance(a.budget_per_round, float) else None)
+            params.update(
+                alpha1=a.alpha1,
+                rule=a.selection_rule,
+                budget_share=a.budget_per_round if isinstance(a.budget_per_round, float) else None,
+            )
         sel = spec.fn(outputs, budget, self.strategy_rng, **params)
         t2 = time.perf_counter()
         chosen = pool_idx[torch.from_numpy(sel.indices)]
@@ -266,11 +305,17 @@ class ActiveDATrainer:
         assert outputs.energies is not None
         pred = torch.from_numpy(outputs.energies[sel.indices]).argmin(dim=1)
         return {
-            "round": r, "epoch": epoch, "strategy": a.strategy, "budget": len(chosen),
-            "n_labeled": int(self.labeled_mask.sum()), "pool_before": len(pool_idx),
-            "selected": chosen.tolist(), "selected_labels": labels.tolist(),
+            "round": r,
+            "epoch": epoch,
+            "strategy": a.strategy,
+            "budget": len(chosen),
+            "n_labeled": int(self.labeled_mask.sum()),
+            "pool_before": len(pool_idx),
+            "selected": chosen.tolist(),
+            "selected_labels": labels.tolist(),
             "selected_error_rate": float(100 * (pred != labels).double().mean()),
-            "scoring_seconds": t1 - t0, "selection_seconds": t2 - t1,
+            "scoring_seconds": t1 - t0,
+            "selection_seconds": t2 - t1,
             "selection_info": sel.info,
             "pool_mean_free_energy": float(outputs.get_free_energy().mean()),
         }
@@ -285,8 +330,9 @@ class ActiveDATrainer:
         unl = torch.nonzero(~self.labeled_mask).squeeze(1)
         if 0 < len(unl) < len(self.task.target):
             e = predict_energies(self.model, self.task.target, unl, bs, self.device)
-            out["target_unlabeled"] = accuracy_metrics(e, self.task.target.y[unl],
-                                                       self.task.target.num_classes)
+            out["target_unlabeled"] = accuracy_metrics(
+                e, self.task.target.y[unl], self.task.target.num_classes
+            )
         return out
 
     # -- the run ----------------------------------------------------------------------------
@@ -318,8 +364,14 @@ class ActiveDATrainer:
                 if is_round:
                     p = rounds_by_epoch[epoch]
                     if not result.rounds:
-                        result.rounds.append({"round": 0, "epoch": epoch, "n_labeled": 0,
-                                              "after_training": {"epoch": epoch, **metrics}})
+                        result.rounds.append(
+                            {
+                                "round": 0,
+                                "epoch": epoch,
+                                "n_labeled": 0,
+                                "after_training": {"epoch": epoch, **metrics},
+                            }
+                        )
                     self._emit("before_round", {"round": p["round"], "epoch": epoch})
                     rec = self.select_round(p["round"], epoch, p["budget"])
                     rec["at_selection"] = metrics
@@ -329,13 +381,22 @@ class ActiveDATrainer:
             result.history.append(record)
             self._emit("epoch_end", record)
             if progress is not None:
-                acc_s = f"{record['metrics']['target']['accuracy']:.2f}%" if "metrics" in record else "-"
-                progress(f"epoch {epoch}/{cfg.train.epochs} loss {record.get('loss', 0):.4f} "
-                         f"target acc {acc_s} labeled {int(self.labeled_mask.sum())}")
+                acc_s = (
+                    f"{record['metrics']['target']['accuracy']:.2f}%"
+                    if "metrics" in record
+                    else "-"
+                )
+                progress(
+                    f"epoch {epoch}/{cfg.train.epochs} loss {record.get('loss', 0):.4f} "
+                    f"target acc {acc_s} labeled {int(self.labeled_mask.sum())}"
+                )
         last = result.history[-1]["metrics"]
-        result.final = {"protocol": "whole target set (transductive), last epoch",
-                        "last_epoch": {"epoch": cfg.train.epochs, **last},
-                        "best_epoch": best, "delta": self.delta.value}
+        result.final = {
+            "protocol": "whole target set (transductive), last epoch",
+            "last_epoch": {"epoch": cfg.train.epochs, **last},
+            "best_epoch": best,
+            "delta": self.delta.value,
+        }
         result.labeled_indices = torch.nonzero(self.labeled_mask).squeeze(1).tolist()
         result.seconds = time.perf_counter() - start
         return result
