@@ -101,21 +101,21 @@ def test_alignment_loss_and_delta_are_tracked() -> None:
 
 
 def test_budget_larger_than_pool_fails_before_training() -> None:
-    cfg = preset_config("toy", "random", 0, FAST + ["active.budget_per_round=400"])
+    cfg = preset_config("toy", "random", 0, [*FAST, "active.budget_per_round=400"])
     task = load_task(cfg.data, 0)
     with pytest.raises(ValueError, match=r"round 3 .*budget 400 is larger than the unlabeled pool"):
         ActiveDATrainer(cfg, task)
 
 
 def test_alpha1_too_small_for_budget_fails_before_training() -> None:
-    cfg = preset_config("toy", "eada", 0, FAST + ["active.alpha1=0.01"])
+    cfg = preset_config("toy", "eada", 0, [*FAST, "active.alpha1=0.01"])
     with pytest.raises(ValueError, match="step 1 keeps only"):
         ActiveDATrainer(cfg, load_task(cfg.data, 0))
 
 
 @pytest.mark.parametrize("alpha1", [0, -0.5, 1.5])
 def test_alpha1_outside_range_is_a_config_error(alpha1: float) -> None:
-    with pytest.raises(ConfigError, match="active.alpha1"):
+    with pytest.raises(ConfigError, match=r"active\.alpha1"):
         preset_config("toy", "eada", 0, [f"active.alpha1={alpha1}"])
 
 
@@ -157,7 +157,7 @@ def test_batch_stream_duplicates_single_sample_and_covers_all() -> None:
     d = _domain(10, 2, "d")
     g = torch.Generator().manual_seed(0)
     s = BatchStream(d, torch.tensor([7]), 4, g)
-    x, y = s.next()
+    x, _y = s.next()
     assert x.shape[0] == 2 and torch.equal(x[0], x[1])
     s.set_indices(torch.arange(8))
     seen = torch.cat([s.next()[1] for _ in range(2)])
@@ -167,7 +167,7 @@ def test_batch_stream_duplicates_single_sample_and_covers_all() -> None:
 
 def test_reference_rule_plan_matches_two_ceilings() -> None:
     cfg = preset_config(
-        "toy", "eada", 0, FAST + ["active.selection_rule=reference", "active.budget_per_round=0.01"]
+        "toy", "eada", 0, [*FAST, "active.selection_rule=reference", "active.budget_per_round=0.01"]
     )
     tr = ActiveDATrainer(cfg, load_task(cfg.data, 0))
     # n1 = ceil(0.5 * 1000) = 500 of the whole target set; n2 = ceil(500 * 0.01 / 0.5) = 10
