@@ -1,0 +1,187 @@
+"""What a project's samples are: the domains of a config (toy, digits: feature rows) or image
+folders on disk (``DOMAIN/[images/]CLASS/*.jpg``, e.g. Office-31: file paths), their content
+hashes, and the confinement of file paths to the registered data roots."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from pydantic import BaseModel, ConfigDict, Field
+
+from eada.config import ExperimentConfig, parse_config
+from eada.data.base import TensorDomain
+from eada.data.tasks import Task, load_task
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+
+
+class FolderData(BaseModel):
+    """Image folders as source and target: ``DIR/[images/]CLASS/*.jpg`` (class = folder name).
+
+    Images are decoded with Pillow, converted to ``channels`` and resized to
+    ``image_size x image_size`` (bilinear), scaled to ``[0, 1]`` and normalised with mean and
+    std 0.5, the digits convention, so the ``lenet`` model trains on them from scratch.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["folders"] = "folders"
+    source: Path
+    target: Path
+    image_size: int = Field(32, ge=8)
+    channels: Literal[1, 3] = 3
+
+
+def build_config(raw: dict[str, Any], source: str = "project config") -> ExperimentConfig:
+    """Validate a project config. Image-folder projects carry a :class:`FolderData` as ``data``
+    (the trainer never reads ``cfg.data``; the store loads the domains itself)."""
+    data = raw.get("data")
+    if isinstance(data, dict) and data.get("kind") == "folders":
+        folders = FolderData.model_validate(data)
+        cfg = parse_config({**raw, "data": {"kind": "toy"}}, source)
+        return cfg.model_copy(update={"data": folders})
+    return parse_config(raw, source)
+
+
+def resolved_config(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Every key of a project config, JSON-ready (image-folder ``data`` included)."""
+    data: Any = cfg.data
+    if isinstance(data, FolderData):
+        out = cfg.model_dump(mode="json", exclude={"data"}, warnings=False)
+        return {**out, "data": data.model_dump(mode="json")}
+    return cfg.resolved()
+
+
+def content_hash(data: bytes) -> str:
+    """SHA-256 hex digest."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def row_hashes(domain: Any) -> list[str]:
+    """SHA-256 of each sample's model-ready input (float32 bytes) -- a feature row's identity."""
+    if not isinstance(domain, TensorDomain):
+        raise TypeError(f"row hashes need an in-memory domain, got {type(domain).__name__}")
+    x = domain.x.detach().cpu().contiguous()
+    return [content_hash(x[i].numpy().tobytes()) for i in range(len(domain))]
+
+
+def _image_root(folder: Path) -> Path:
+    return folder / "images" if (folder / "images").is_dir() else folder
+
+
+def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    """Class names (sorted folder names) and ``(path, class id)`` of every image in ``folder``.
+
+    Raises:
+        FileNotFoundError: ``folder`` missing.
+        ValueError: no class folders or no images.
+    """
+    if not folder.is_dir():
+        raise FileNotFoundError(f"image folder not found: {folder}")
+    root = _image_root(folder)
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise ValueError(f"{root} holds no class folders (expected {root}/CLASS/*.jpg)")
+    items: list[tuple[Path, int]] = []
+    for k, name in enumerate(classes):
+        files = sorted(p for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        items += [(p, k) for p in files]
+    if not items:
+        raise ValueError(f"{root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    return classes, items
+
+
+def decode_image(path: Path, image_size: int, channels: int) -> np.ndarray:
+    """Decode one image to ``uint8`` ``(S, S)`` or ``(S, S, 3)``.
+
+    Raises:
+        ValueError: naming the file when it is not a readable image (corrupt or truncated).
+    """
+    try:
+        with Image.open(path) as raw:
+            raw.load()
+            im = raw.convert("RGB" if channels == 3 else "L")
+            im = im.resize((image_size, image_size), Image.Resampling.BILINEAR)
+            return np.asarray(im, dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, SyntaxError) as err:
+        raise ValueError(f"corrupt or unreadable image {path}: {err}") from None
+
+
+def load_folder(folder: Path, image_size: int, channels: int) -> tuple[TensorDomain, list[Path]]:
+    """An image folder as a :class:`TensorDomain` plus the file path of every sample."""
+    classes, items = list_images(folder)
+    arrays = [decode_image(p, image_size, channels) for p, _ in items]
+    x = torch.from_numpy(np.stack(arrays)).float().div_(255.0)
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
+    x = ((x - 0.5) / 0.5).contiguous()
+    y = torch.tensor([k for _, k in items], dtype=torch.long)
+    return TensorDomain(folder.name, x, y, classes), [p for p, _ in items]
+
+
+def load_project_task(
+    cfg: ExperimentConfig,
+) -> tuple[Task, dict[str, list[Path] | None]]:
+    """The project's domains and, for image folders, every sample's file path by role."""
+    data: Any = cfg.data
+    if isinstance(data, FolderData):
+        src, src_paths = load_folder(data.source, data.image_size, data.channels)
+        tgt, tgt_paths = load_folder(data.target, data.image_size, data.channels)
+        return Task(src, tgt), {"source": src_paths, "target": tgt_paths, "heldout": None}
+    task = load_task(cfg.data, cfg.seed)
+    for dom in (task.source, task.target, task.heldout):
+        if dom is not None and not isinstance(dom, TensorDomain):
+            raise ValueError(
+                f"the project store registers in-memory domains (toy, digits, features) and "
+                f"image folders (--source-dir/--target-dir); data.kind {cfg.data.kind!r} is not "
+                "supported yet"
+            )
+    return task, {"source": None, "target": None, "heldout": None}
+
+
+def default_roots(cfg: ExperimentConfig) -> list[Path]:
+    """Data roots a config implies: the image folders, or the digits root (toy: none)."""
+    data: Any = cfg.data
+    if isinstance(data, FolderData):
+        return [data.target, data.source]  # relative import paths try the target first
+    root = getattr(data, "root", None)
+    return [Path(root)] if root is not None else []
+
+
+def confine(path: str | Path, roots: list[Path]) -> Path:
+    """Resolve ``path`` (symlinks and ``..`` included) and require it inside a data root.
+
+    A relative path is tried against each root in turn.
+
+    Raises:
+        ValueError: the path does not exist or resolves outside every root.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp()).resolve(); (root / "a.png").write_bytes(b"x")
+        1
+        >>> confine(root / "a.png", [root]) == root / "a.png"
+        True
+    """
+    p = Path(path)
+    resolved_roots = [r.resolve() for r in roots]
+    candidates = [p] if p.is_absolute() else [r / p for r in resolved_roots]
+    if not resolved_roots:
+        raise ValueError(f"path {path!s}: this project registers no data roots (no file paths)")
+    for c in candidates:
+        r = c.resolve()
+        inside = any(r == root or root in r.parents for root in resolved_roots)
+        if not inside:
+            continue
+        if not r.is_file():
+            raise ValueError(f"path {path!s} resolves to {r}, which is not a file")
+        return r
+    shown = ", ".join(str(r) for r in resolved_roots)
+    where = candidates[0].resolve()
+    raise ValueError(
+        f"path {path!s} resolves to {where}, outside the registered data roots ({shown})"
+    )

@@ -1,0 +1,298 @@
+"""Query exports (CSV, JSON, Label Studio tasks) and label imports (CSV, JSON, Label Studio
+JSON export). Imported files are parsed as data only (``csv``/``json``; nothing is evaluated)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import quoteattr
+
+LS_FROM_NAME = "label"  # the <Choices name=...> of the Label Studio config we write
+LS_LOCAL_PREFIX = "/data/local-files/?d="
+
+
+class ImportFileError(ValueError):
+    """An import file that cannot be read: malformed CSV/JSON, missing columns, bad values."""
+
+
+@dataclass
+class LabelItem:
+    """One label an import file gives.
+
+    Attributes:
+        where: location in the file for error messages (``"row 4"``, ``"item 2"``).
+        label: the class NAME.
+        sample_id: the store's sample id, or ``None`` when only ``path`` is given.
+        path: a file path naming the sample (image projects), or ``None``.
+        annotator: who labeled it (``None``: the importer's ``--annotator``).
+    """
+
+    where: str
+    label: str
+    sample_id: int | None = None
+    path: str | None = None
+    annotator: str | None = None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never partial)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _sample_id(value: Any, where: str) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise ImportFileError(f"{where}: sample_id {value!r} is not an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ImportFileError(f"{where}: sample_id {value!r} is not an integer") from None
+
+
+def _text(value: Any, where: str, field: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (dict, list)):
+        raise ImportFileError(f"{where}: {field} must be text, got {type(value).__name__}")
+    s = str(value).strip()
+    return s or None
+
+
+def _item(raw: dict[str, Any], where: str) -> LabelItem | None:
+    label = _text(raw.get("label"), where, "label")
+    if label is None:
+        return None  # not answered (yet)
+    sid = _sample_id(raw.get("sample_id"), where)
+    path = _text(raw.get("path"), where, "path")
+    if sid is None and path is None:
+        raise ImportFileError(f"{where}: needs a sample_id or a path")
+    return LabelItem(where, label, sid, path, _text(raw.get("annotator"), where, "annotator"))
+
+
+def read_csv(text: str) -> list[LabelItem]:
+    """CSV with a header: ``label`` and ``sample_id`` and/or ``path``; optional ``annotator``.
+    Other columns (scores, predictions) are ignored; rows with an empty label are skipped."""
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    fields = reader.fieldnames or []
+    if "label" not in fields or not ({"sample_id", "path"} & set(fields)):
+        raise ImportFileError(
+            f"CSV header must name a 'label' column and a 'sample_id' or 'path' column; "
+            f"found {fields or 'no header'}"
+        )
+    items = []
+    try:
+        for row in reader:
+            where = f"row {reader.line_num}"
+            if None in row:
+                raise ImportFileError(f"{where}: more values than header columns")
+            if any(v is None for v in row.values()):
+                raise ImportFileError(f"{where}: fewer values than header columns")
+            item = _item(row, where)
+            if item is not None:
+                items.append(item)
+    except csv.Error as err:
+        raise ImportFileError(f"malformed CSV at row {reader.line_num}: {err}") from None
+    return items
+
+
+def _ls_annotator(ann: dict[str, Any]) -> str | None:
+    who = ann.get("completed_by")
+    if isinstance(who, dict):
+        who = who.get("email") or who.get("id")
+    return None if who is None else f"label-studio:{who}"
+
+
+def _read_label_studio(tasks: list[Any]) -> list[LabelItem]:
+    items = []
+    for i, task in enumerate(tasks, start=1):
+        where = f"task {i}"
+        if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
+            raise ImportFileError(f"{where}: a Label Studio task needs a 'data' object")
+        data = task["data"]
+        anns = task.get("annotations") or []
+        if not isinstance(anns, list):
+            raise ImportFileError(f"{where}: 'annotations' must be a list")
+        answers: list[tuple[str, str | None]] = []
+        for ann in anns:
+            if not isinstance(ann, dict) or ann.get("was_cancelled"):
+                continue
+            for res in ann.get("result") or []:
+                if not isinstance(res, dict) or res.get("type") != "choices":
+                    continue
+                choices = (res.get("value") or {}).get("choices")
+                if not isinstance(choices, list) or len(choices) != 1:
+                    raise ImportFileError(f"{where}: expected exactly one choice, got {choices!r}")
+                answers.append((str(choices[0]), _ls_annotator(ann)))
+        if not answers:
+            continue  # not annotated
+        if len({a for a, _ in answers}) > 1:
+            raise ImportFileError(
+                f"{where}: conflicting annotations {sorted({a for a, _ in answers})} for one task"
+            )
+        path = data.get("path")
+        img = data.get("image")
+        if path is None and isinstance(img, str) and img.startswith(LS_LOCAL_PREFIX):
+            path = img[len(LS_LOCAL_PREFIX) :]
+        item = _item(
+            {"sample_id": data.get("sample_id"), "path": path, "label": answers[-1][0]}, where
+        )
+        if item is not None:
+            item.annotator = answers[-1][1]
+            items.append(item)
+    return items
+
+
+def read_json(text: str) -> tuple[str, list[LabelItem]]:
+    """JSON: a Label Studio export (tasks with ``annotations``), a list of
+    ``{"sample_id", "label"}`` objects (also Label Studio's JSON-MIN), or our query export
+    (``{"samples": [...]}``) with labels filled in. Returns ``(format, items)``."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ImportFileError(f"malformed JSON: {err}") from None
+    if isinstance(doc, dict) and "samples" in doc:
+        doc, fmt = doc["samples"], "json"
+    elif (
+        isinstance(doc, list)
+        and doc
+        and all(isinstance(t, dict) and "annotations" in t for t in doc)
+    ):
+        return "label-studio", _read_label_studio(doc)
+    else:
+        fmt = "json"
+    if not isinstance(doc, list):
+        raise ImportFileError(
+            "JSON must be a list of {sample_id, label} objects, a Label Studio export, or a "
+            f"query export with 'samples'; got {type(doc).__name__}"
+        )
+    items = []
+    for i, raw in enumerate(doc, start=1):
+        if not isinstance(raw, dict):
+            raise ImportFileError(f"item {i}: expected an object, got {type(raw).__name__}")
+        item = _item(raw, f"item {i}")
+        if item is not None:
+            items.append(item)
+    return fmt, items
+
+
+def read_label_file(path: Path) -> tuple[str, list[LabelItem], bytes]:
+    """Parse an import file by its suffix (``.csv`` or ``.json``); returns
+    ``(format, items, raw bytes)``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ImportFileError: unknown suffix, not UTF-8, malformed content.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"label file not found: {path}")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ImportFileError(f"{path}: not UTF-8 text ({err})") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".csv":
+            return "csv", read_csv(text), raw
+        if suffix == ".json":
+            fmt, items = read_json(text)
+            return fmt, items, raw
+    except ImportFileError as err:
+        raise ImportFileError(f"{path}: {err}") from None
+    raise ImportFileError(f"{path}: unknown label file type {suffix!r} (use .csv or .json)")
+
+
+# -- exports -----------------------------------------------------------------------------------
+def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
+    """The query batch as CSV, one sample a row, with an empty ``label`` column to fill."""
+    buf = io.StringIO(newline="")
+    cols = ["sample_id", "round", "rank", "domain", "index", "path", "predicted", *score_names]
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*cols, "label", "annotator"])
+    for r in rows:
+        w.writerow(
+            [
+                r["sample_id"],
+                r["round"],
+                r["rank"],
+                r["domain"],
+                r["index"],
+                r["path"] or "",
+                r["predicted"],
+                *[repr(float(r["scores"][k])) for k in score_names],
+                "",
+                "",
+            ]
+        )
+    return buf.getvalue()
+
+
+def label_studio_tasks(
+    rows: list[dict[str, Any]], roots: list[Path], round_number: int
+) -> list[dict[str, Any]]:
+    """Label Studio import tasks: ``data`` holds the sample id, the image (served through
+    Label Studio's local-files storage, relative to the data root) or a text stand-in for
+    feature rows, and the per-sample scores; the model's guess is a pre-annotation."""
+    tasks = []
+    for r in rows:
+        data: dict[str, Any] = {"sample_id": r["sample_id"], "round": r["round"], "rank": r["rank"]}
+        if r["path"]:
+            p = Path(r["path"])
+            rel = next(
+                (
+                    str(p.relative_to(root.resolve()))
+                    for root in roots
+                    if root.resolve() in p.parents
+                ),
+                str(p),
+            )
+            data["image"] = LS_LOCAL_PREFIX + rel
+            data["path"] = r["path"]
+        else:
+            data["text"] = f"{r['domain']} sample #{r['index']}"
+        data.update({k: float(v) for k, v in r["scores"].items()})
+        tasks.append(
+            {
+                "data": data,
+                "predictions": [
+                    {
+                        "model_version": f"eada-round-{round_number}",
+                        "result": [
+                            {
+                                "from_name": LS_FROM_NAME,
+                                "to_name": "image" if r["path"] else "text",
+                                "type": "choices",
+                                "value": {"choices": [r["predicted"]]},
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+    return tasks
+
+
+def label_studio_config(classes: list[str], images: bool) -> str:
+    """A Label Studio labeling config (XML) with one choice per class."""
+    obj = '<Image name="image" value="$image"/>' if images else '<Text name="text" value="$text"/>'
+    to = "image" if images else "text"
+    choices = "\n".join(f"    <Choice value={quoteattr(c)}/>" for c in classes)
+    return (
+        f'<View>\n  {obj}\n  <Choices name="{LS_FROM_NAME}" toName="{to}" choice="single">\n'
+        f"{choices}\n  </Choices>\n</View>\n"
+    )
