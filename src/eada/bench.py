@@ -1,0 +1,555 @@
+"""``eada bench``: one fair grid of tasks x methods x (sweep values) x seeds, resumable, with the
+paper's tables.
+
+Every run of the grid uses the SAME preset (data, model, optimiser, epochs, round schedule and
+budget); a method only changes what :data:`eada.hparams.METHODS` says (its query strategy, its
+own training components, whether ``L_fea`` is on), and ``--set`` overrides apply to every run.
+Two reference methods exist only here:
+
+* ``source_only`` (from METHODS): no target labels;
+* ``target_supervised``: ALL target labels from the first step (the fully supervised target
+  upper bound), no selection.
+
+Sweeps (``--sweep active.alpha1=0.1,0.25,0.5``, repeatable: Cartesian product) add a variant
+per value, e.g. the alpha1/alpha2 grid of the paper's Table 3, gamma or delta_s.
+
+Each finished run appends ONE JSON line to ``OUT/runs.jsonl`` (fsynced); a re-run skips the runs
+already there, so a grid killed half-way picks up where it stopped and, training being
+deterministic on a fixed seed, ends with the same accuracy table. A line whose config differs
+from the current grid's config for the same run is an error (stale results; use another
+``--out``). Tables (Markdown, LaTeX) are built from the lines only:
+
+* accuracy (paper Tables 1-2): methods x tasks, final target accuracy mean +- std over seeds,
+  plus the mean over tasks;
+* sweep (paper Table 3): tasks x sweep values for one method;
+* query (paper Table 4): query complexity and the query time measured in the same runs
+  (strategy only, and scoring pass + strategy), mean over rounds and seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from eada.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_config
+from eada.runs import append_jsonl, environment_info, parse_seeds, read_jsonl, write_json
+
+REFERENCE_METHODS = {"target_supervised": "Fully supervised target"}
+
+#: Query complexity: (as the paper's Table 4 states it, as implemented here). N pool size,
+#: M source size, L labeled target, C classes, D feature size, B budget, T k-means iterations,
+#: m/e DBAL's candidate/evaluation subsample sizes.
+COMPLEXITY: dict[str, tuple[str, str]] = {
+    "random": ("O(N)", "O(N)"),
+    "entropy": ("O(NC)", "O(NC + B log B)"),
+    "margin": ("O(NC)", "O(NC + B log B)"),
+    "least_confidence": ("O(NC)", "O(NC + B log B)"),
+    "coreset": ("O(DN^2)", "O(DN(L + B))"),
+    "badge": ("O(CDN^2)", "O(N B (C + D))"),
+    "dbal": ("O(DN(M+N))", "O(D N (M + L) + D m e + B m e)"),
+    "clue": ("O(DN(N+TB))", "O(N B D T)"),
+    "waal": ("-", "O(NC + B log B)"),
+    "aada": ("O(N log N)", "O(NC + B log B)"),
+    "tqs": ("O(N log N)", "O(NKC + B log B)"),
+    "eada": ("O(N log N)", "O(N + B log B)"),
+    "mvsm": ("O(N log N)", "O(N + B log B)"),
+    "free_energy": ("O(N log N)", "O(N + B log B)"),
+}
+
+
+def method_label(method: str) -> str:
+    """The table label of a method (``METHOD_LABELS`` or a reference method)."""
+    from eada.hparams import METHOD_LABELS
+
+    return REFERENCE_METHODS.get(method) or METHOD_LABELS.get(method, method)
+
+
+def parse_sweeps(specs: list[str]) -> list[list[str]]:
+    """``["active.alpha1=0.1,0.5", "train.gamma=0,0.01"]`` -> the Cartesian product as lists of
+    overrides (``[[]]`` for no sweep). Values are split on commas."""
+    axes = []
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key or not values:
+            raise ConfigError(f"sweep {spec!r} must look like section.key=v1,v2,...")
+        axes.append([f"{key}={v.strip()}" for v in values.split(",") if v.strip()])
+    return [list(combo) for combo in itertools.product(*axes)] if axes else [[]]
+
+
+def variant_label(overrides: list[str]) -> str:
+    """Short label of a sweep variant: ``active.alpha1=0.25`` -> ``alpha1=0.25``."""
+    return ", ".join(
+        o.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in overrides
+    )
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One cell of the grid, with its validated config."""
+
+    task: str
+    method: str
+    variant: tuple[str, ...]
+    seed: int
+    config: ExperimentConfig = field(compare=False, hash=False)
+
+    @property
+    def key(self) -> str:
+        """The run's identity in ``runs.jsonl``."""
+        return json.dumps([self.task, self.method, list(self.variant), self.seed])
+
+    @property
+    def config_sha(self) -> str:
+        """Hash of the resolved config (detects stale results on resume)."""
+        blob = json.dumps(self.config.resolved(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def make_config(
+    task: str, method: str, seed: int, overrides: list[str], data_root: str | None = None
+) -> ExperimentConfig:
+    """The config of one run: preset (or YAML file) ``task`` + ``method`` + overrides."""
+    from eada.hparams import METHODS, PRESETS, deep_merge
+
+    base_method = "source_only" if method in REFERENCE_METHODS else method
+    if base_method not in METHODS:
+        known = ", ".join([*METHODS, *REFERENCE_METHODS])
+        raise ConfigError(f"unknown method {method!r}; known: {known}")
+    extra = [f"data.root={data_root}"] if data_root else []
+    if task in PRESETS:
+        from eada.hparams import preset_dict
+
+        raw = preset_dict(task, base_method)
+    else:
+        path = Path(task)
+        if not path.is_file():
+            raise ConfigError(f"{task!r} is neither a preset ({', '.join(PRESETS)}) nor a file")
+        raw = deep_merge(load_config(path).model_dump(mode="json"), METHODS[base_method])
+    raw["seed"] = seed
+    apply_overrides(raw, [*extra, *overrides])
+    cfg = parse_config(raw, f"{task} / {method} / seed {seed}")
+    return cfg
+
+
+def build_grid(
+    tasks: list[str],
+    methods: list[str],
+    seeds: list[int],
+    overrides: list[str] | None = None,
+    sweeps: list[str] | None = None,
+    data_root: str | None = None,
+) -> list[GridRun]:
+    """Every run of the grid, configs validated BEFORE any training. Order: task, seed, method,
+    variant (a partial grid then has every method on the first seeds)."""
+    variants = parse_sweeps(sweeps or [])
+    runs = []
+    for task, seed, method, var in itertools.product(tasks, seeds, methods, variants):
+        cfg = make_config(task, method, seed, [*(overrides or []), *var], data_root)
+        runs.append(GridRun(task, method, tuple(var), seed, cfg))
+    return runs
+
+
+class _LabelAllTarget:
+    """Callback giving the trainer every target label before training (``target_supervised``)."""
+
+    def attach(self, trainer: Any) -> None:
+        target = trainer.task.target
+        trainer.set_labels(torch.arange(len(target)), target.y)
+
+    def __call__(self, event: str, trainer: Any, info: dict[str, Any]) -> None:
+        return None
+
+
+class _TaskCache:
+    """Keeps the last loaded task (the grid loops over methods within one task and seed)."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.task: Any = None
+
+    def get(self, cfg: ExperimentConfig) -> Any:
+        from eada.data.tasks import load_task
+        from eada.train.loop import resolve_device
+
+        key = json.dumps(
+            [cfg.data.model_dump(mode="json"), cfg.model.model_dump(mode="json"), cfg.seed],
+            sort_keys=True,
+        )
+        if key != self.key:
+            self.task = None  # free the previous one first
+            self.task = load_task(cfg.data, cfg.seed, cfg.model, resolve_device(cfg.device).type)
+            self.key = key
+        return self.task
+
+
+def config_differences(
+    stored: dict[str, Any], current: dict[str, Any], where: str = ""
+) -> list[str]:
+    """``key: old -> new`` for every key present in BOTH resolved configs whose value differs
+    (keys added to the config schema since a run was stored do not count)."""
+    out = []
+    for k in stored.keys() & current.keys():
+        a, b, path = stored[k], current[k], f"{where}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, path + ".")
+        elif a != b:
+            out.append(f"{path}: {a!r} -> {b!r}")
+    return sorted(out)
+
+
+def run_record(run: GridRun, result: dict[str, Any]) -> dict[str, Any]:
+    """The compact JSON line of a finished run (what the tables need, plus provenance)."""
+    res = result["results"]
+    last = res["final"]["last_epoch"]
+    final = {
+        f"{split}/{k}": last[split][k]
+        for split in ("target", "heldout")
+        if split in last
+        for k in ("accuracy", "mean_class_accuracy")
+    }
+    rounds = []
+    for r in res["rounds"]:
+        after = r.get("after_training", {})
+        rounds.append(
+            {
+                "round": r["round"],
+                "n_labeled": r["n_labeled"],
+                "target_accuracy": after.get("target", {}).get("accuracy"),
+                **{
+                    k: r[k]
+                    for k in (
+                        "pool_before",
+                        "selection_seconds",
+                        "scoring_seconds",
+                        "selected_error_rate",
+                    )
+                    if k in r
+                },
+            }
+        )
+    return {
+        "key": run.key,
+        "task": run.task,
+        "method": run.method,
+        "variant": list(run.variant),
+        "seed": run.seed,
+        "strategy": run.config.active.strategy if run.config.active.enabled else None,
+        "config_sha": run.config_sha,
+        "config": run.config.resolved(),
+        "final": final,
+        "rounds": rounds,
+        "n_labeled": len(res["labeled_indices"]),
+        "seconds": res["seconds"],
+        "loadavg": list(os.getloadavg()),
+        "torch_threads": torch.get_num_threads(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def run_grid(
+    runs: list[GridRun],
+    out: Path,
+    progress: Callable[[str], None] | None = None,
+    max_runs: int | None = None,
+) -> list[dict[str, Any]]:
+    """Run every grid cell not yet in ``out/runs.jsonl``; returns all records of the grid.
+
+    Args:
+        runs: the grid (:func:`build_grid`).
+        out: output folder (``runs.jsonl``, ``grid.json``, ``meta.json``).
+        progress: receives one line per run.
+        max_runs: stop after this many NEW runs (``None``: all).
+
+    Raises:
+        ValueError: a record in ``runs.jsonl`` has the same key but another config.
+    """
+    from eada.experiment import run_once
+
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "runs.jsonl"
+    done = {r["key"]: r for r in read_jsonl(log)}
+    for run in runs:
+        rec = done.get(run.key)
+        if rec is None or rec["config_sha"] == run.config_sha:
+            continue
+        diff = config_differences(rec.get("config", {}), run.config.resolved())
+        if diff:
+            raise ValueError(
+                f"{log} holds run {run.key} with another config ({'; '.join(diff[:5])}): the "
+                "grid changed; use another --out or remove that line"
+            )
+    write_json(out / "grid.json", {"runs": [json.loads(r.key) for r in runs]})
+    if not (out / "meta.json").exists():
+        write_json(out / "meta.json", environment_info())
+    cache = _TaskCache()
+    new = 0
+    todo = [r for r in runs if r.key not in done]
+    for i, run in enumerate(todo, start=1):
+        if max_runs is not None and new >= max_runs:
+            break
+        if progress:
+            var = f" [{variant_label(list(run.variant))}]" if run.variant else ""
+            progress(f"[{i}/{len(todo)}] {run.task} / {run.method}{var} / seed {run.seed}")
+        cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
+        result = run_once(run.config, cache.get(run.config), callbacks=cbs, record_stats=False)
+        rec = run_record(run, result)
+        append_jsonl(log, rec)
+        done[run.key] = rec
+        new += 1
+    return [done[r.key] for r in runs if r.key in done]
+
+
+# -- tables --------------------------------------------------------------------------------------
+def _stats(values: list[float]) -> tuple[float, float]:
+    arr = np.asarray(values, dtype=float)
+    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+
+
+def _row_name(rec: dict[str, Any]) -> str:
+    var = variant_label(rec["variant"])
+    return method_label(rec["method"]) + (f" ({var})" if var else "")
+
+
+def _ordered(records: list[dict[str, Any]], field_name: str) -> list[Any]:
+    seen: dict[Any, None] = {}
+    for r in records:
+        seen.setdefault(r[field_name] if field_name != "row" else _row_name(r), None)
+    return list(seen)
+
+
+def accuracy_table(
+    records: list[dict[str, Any]], metric: str = "target/accuracy", fmt: str = "md"
+) -> str:
+    """Paper Tables 1-2: rows = methods (and sweep variants), columns = tasks + mean over tasks;
+    cells = mean +- std over seeds of the final (last-epoch) ``metric``, ``n=`` seeds when
+    fewer than the most any cell has. The best mean of each column is bold."""
+    tasks = _ordered(records, "task")
+    rows = _ordered(records, "row")
+    cell: dict[tuple[str, str], list[float]] = {}
+    for r in records:
+        if metric in r["final"]:
+            cell.setdefault((_row_name(r), r["task"]), []).append(r["final"][metric])
+    max_n = max((len(v) for v in cell.values()), default=0)
+    means = {k: _stats(v)[0] for k, v in cell.items()}
+    best = {t: max((means[(m, t)] for m in rows if (m, t) in means), default=None) for t in tasks}
+    row_means = {
+        m: float(np.mean([means[(m, t)] for t in tasks]))
+        for m in rows
+        if all((m, t) in means for t in tasks)
+    }
+    best_mean = max(row_means.values(), default=None)
+
+    def fmt_cell(m: str, t: str) -> str:
+        if (m, t) not in cell:
+            return "-"
+        mean, std = _stats(cell[(m, t)])
+        n = len(cell[(m, t)])
+        text = f"{mean:.1f} ± {std:.1f}" if fmt == "md" else f"{mean:.1f} $\\pm$ {std:.1f}"
+        if n < max_n:
+            text += f" (n={n})"
+        if best[t] is not None and mean == best[t]:
+            text = f"**{text}**" if fmt == "md" else f"\\textbf{{{text}}}"
+        return text
+
+    head = ["Method", *tasks, "Mean"]
+    body = []
+    for m in rows:
+        mean_cell = "-"
+        if m in row_means:
+            mean_cell = f"{row_means[m]:.1f}"
+            if row_means[m] == best_mean:
+                mean_cell = f"**{mean_cell}**" if fmt == "md" else f"\\textbf{{{mean_cell}}}"
+        body.append([m, *[fmt_cell(m, t) for t in tasks], mean_cell])
+    return _render(head, body, fmt, f"{metric} (%), final epoch, mean ± std over seeds")
+
+
+def sweep_table(records: list[dict[str, Any]], method: str, fmt: str = "md") -> str:
+    """Paper Table 3: rows = tasks, columns = sweep variants of ``method``; mean over seeds."""
+    recs = [r for r in records if r["method"] == method and r["variant"]]
+    variants = list(dict.fromkeys(variant_label(r["variant"]) for r in recs))
+    tasks = _ordered(recs, "task")
+    head = ["Task", *variants]
+    body = []
+    for t in tasks:
+        row = [t]
+        for v in variants:
+            vals = [
+                r["final"]["target/accuracy"]
+                for r in recs
+                if r["task"] == t and variant_label(r["variant"]) == v
+            ]
+            row.append(f"{_stats(vals)[0]:.1f}" if vals else "-")
+        body.append(row)
+    return _render(head, body, fmt, f"{method_label(method)}: target accuracy (%) per setting")
+
+
+def query_table(records: list[dict[str, Any]], fmt: str = "md") -> str:
+    """Paper Table 4: strategy, query complexity (paper / here), and the measured query time
+    per round for each task: ``select`` (the strategy call) and ``total`` (scoring pass +
+    strategy), mean over rounds and seeds of the same runs as the accuracy table."""
+    tasks = _ordered(records, "task")
+    strategies = list(dict.fromkeys(r["strategy"] for r in records if r["strategy"]))
+    head = ["Strategy", "Complexity (paper)", "Complexity (here)"]
+    head += [f"{t} select / total (s)" for t in tasks]
+    body = []
+    for s in strategies:
+        paper, here = COMPLEXITY.get(s, ("-", "-"))
+        row = [s, paper, here]
+        for t in tasks:
+            sel, tot = [], []
+            for r in records:
+                if r["strategy"] == s and r["task"] == t and not r["variant"]:
+                    for rd in r["rounds"]:
+                        if "selection_seconds" in rd:
+                            sel.append(rd["selection_seconds"])
+                            tot.append(rd["selection_seconds"] + rd.get("scoring_seconds", 0.0))
+            row.append(f"{np.mean(sel):.4f} / {np.mean(tot):.3f}" if sel else "-")
+        body.append(row)
+    return _render(head, body, fmt, "query complexity and measured query time per round")
+
+
+def _render(head: list[str], body: list[list[str]], fmt: str, caption: str) -> str:
+    if fmt == "md":
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in body]
+        return "\n".join(lines)
+    if fmt == "latex":
+
+        def esc(s: str) -> str:
+            return s.replace("_", "\\_").replace("->", "$\\to$") if "$" not in s else s
+
+        cols = "l|" + "c" * (len(head) - 1)
+        lines = [
+            "\\begin{table}[t]",
+            "\\centering",
+            f"\\caption{{{esc(caption)}}}",
+            f"\\begin{{tabular}}{{{cols}}}",
+            "\\hline",
+            " & ".join(esc(h) for h in head) + " \\\\",
+            "\\hline",
+            *[" & ".join(esc(c) for c in r) + " \\\\" for r in body],
+            "\\hline",
+            "\\end{tabular}",
+            "\\end{table}",
+        ]
+        return "\n".join(lines)
+    raise ValueError(f"unknown table format {fmt!r}; use md or latex")
+
+
+def render_tables(records: list[dict[str, Any]], fmt: str = "md") -> str:
+    """All tables the records support: accuracy, held-out accuracy if any, sweeps, query."""
+    parts = []
+
+    def add(title: str, table: str) -> None:
+        parts.append(f"**{title}**\n\n{table}" if fmt == "md" else table)
+
+    plain = [r for r in records if not r["variant"]]
+    seeds = sorted({r["seed"] for r in records})
+    if plain:
+        add(
+            f"Target accuracy (%), whole target set, final epoch, mean ± std over seeds {seeds}",
+            accuracy_table(plain, "target/accuracy", fmt),
+        )
+        if any("heldout/accuracy" in r["final"] for r in plain):
+            add(
+                "Held-out target accuracy (%), final epoch",
+                accuracy_table(plain, "heldout/accuracy", fmt),
+            )
+    for m in dict.fromkeys(r["method"] for r in records if r["variant"]):
+        add(f"Sweep of {method_label(m)}: target accuracy (%)", sweep_table(records, m, fmt))
+    if any(r["strategy"] for r in records):
+        add(
+            "Query complexity and query time per round (same runs; select = strategy call, "
+            "total = scoring pass + strategy)",
+            query_table(records, fmt),
+        )
+    return "\n\n".join(parts)
+
+
+# -- command line --------------------------------------------------------------------------------
+def add_parser(sub: Any) -> None:
+    """Add the ``bench`` subcommand to the ``eada`` parser's subparsers."""
+    b = sub.add_parser(
+        "bench",
+        help="grid of tasks x methods x seeds, resumable, paper-style tables",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    b.add_argument(
+        "tasks",
+        nargs="?",
+        default="",
+        help="comma-separated presets or YAML configs, e.g. digits/mnist-usps (not needed with "
+        "--table-only)",
+    )
+    b.add_argument("--methods", default="source_only,random,eada", help="comma-separated methods")
+    b.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 (default)")
+    b.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override (every run)"
+    )
+    b.add_argument(
+        "--sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="add variants (repeatable)",
+    )
+    b.add_argument("--data-root", default=None, help="override data.root of every task")
+    b.add_argument("--out", required=True, help="output folder (runs.jsonl, tables)")
+    b.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
+    b.add_argument("--format", choices=("md", "latex"), default="md", help="table format")
+    b.add_argument("--table-only", action="store_true", help="print the tables of OUT only")
+    b.add_argument("--dry-run", action="store_true", help="validate the grid and list it")
+    b.set_defaults(func=cmd_bench)
+
+
+def _split(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run (or resume) the grid and print its tables; writes ``OUT/tables.md``/``tables.tex``."""
+    out = Path(args.out)
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    if args.table_only:
+        records = read_jsonl(out / "runs.jsonl")
+        if not records:
+            raise FileNotFoundError(f"no finished runs in {out / 'runs.jsonl'}")
+    else:
+        if not _split(args.tasks):
+            raise ConfigError("give the tasks: comma-separated presets or YAML config files")
+        runs = build_grid(
+            _split(args.tasks),
+            _split(args.methods),
+            parse_seeds(args.seeds),
+            args.set,
+            args.sweep,
+            args.data_root,
+        )
+        if args.dry_run:
+            done = {r["key"] for r in read_jsonl(out / "runs.jsonl")}
+            for r in runs:
+                print(("done " if r.key in done else "todo ") + r.key)
+            print(f"{len(runs)} runs, {sum(r.key in done for r in runs)} done; configs valid")
+            return 0
+        records = run_grid(runs, out, progress=log, max_runs=args.max_runs)
+    tables = {fmt: render_tables(records, fmt) for fmt in ("md", "latex")}
+    (out / "tables.md").write_text(tables["md"] + "\n")
+    (out / "tables.tex").write_text(tables["latex"] + "\n")
+    print(tables[args.format])
+    return 0
