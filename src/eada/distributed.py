@@ -1,0 +1,151 @@
+"""Distributed pool scoring and selection on ``torch.distributed`` (gloo on CPU, nccl on GPU),
+plus streaming scoring for pools too large to hold ``N x C`` outputs.
+
+Why plain ``torch.distributed`` (launched by ``torchrun``) and not a trainer framework: the
+core must not depend on one, DDP is what Lightning Fabric would wrap anyway, and the parts that
+are specific to active learning (shard the pool, gather per-sample scores in pool order, select
+ONCE, broadcast the choice) are collective calls that a framework does not provide.
+
+Protocol of a distributed round (every rank calls the same functions):
+
+1. :func:`shard` gives each rank a contiguous slice of the unlabeled pool;
+2. each rank scores its slice (two floats a sample for EADA, see :func:`stream_scores`);
+3. :func:`gather_scores` all-gathers the per-sample scores back into pool order;
+4. rank 0 runs the strategy; :func:`broadcast_indices` sends the chosen positions to all ranks,
+   so every rank holds the same labeled set.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from eada import energy as energy_ops
+
+
+def is_distributed() -> bool:
+    """Whether a process group is initialised."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_world() -> tuple[int, int]:
+    """``(rank, world_size)``; ``(0, 1)`` without a process group."""
+    if not is_distributed():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def setup(backend: str | None = None, timeout_s: float = 300.0) -> tuple[int, int]:
+    """Join the process group described by ``torchrun``'s environment (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). ``backend`` defaults to ``nccl`` when CUDA
+    is available, else ``gloo``. Returns ``(rank, world_size)``."""
+    missing = [
+        k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
+    ]
+    if missing:
+        raise RuntimeError(
+            f"distributed setup needs {', '.join(missing)} in the environment: launch with torchrun"
+        )
+    if not is_distributed():
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "gloo" and os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
+            # single node: keep gloo on the loopback device; otherwise it resolves the host name
+            # to pick an interface, which stalls for seconds on machines without DNS
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    return rank_world()
+
+
+def shard(n: int, rank: int, world: int) -> slice:
+    """The contiguous slice of ``range(n)`` that ``rank`` scores (sizes differ by at most one)."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"bad rank {rank} for world size {world}")
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
+@torch.no_grad()
+def stream_scores(
+    energy_chunks: Iterable[torch.Tensor], n: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Free energy and MvSM of a stream of ``(b, C)`` energy chunks, keeping two float32 a sample.
+
+    The ``(N, C)`` outputs are never held: each chunk is reduced to ``F`` and ``U`` and dropped.
+    Gives exactly the values :func:`eada.energy.free_energy` / :func:`eada.energy.mvsm` give on
+    the concatenated energies (same float32 arithmetic per row).
+
+    Args:
+        energy_chunks: energies chunk by chunk, in pool order.
+        n: the total number of rows when known (preallocates; otherwise the lists grow).
+    """
+    if n is not None:
+        f = np.empty(n, dtype=np.float32)
+        u = np.empty(n, dtype=np.float32)
+        pos = 0
+        for e in energy_chunks:
+            b = e.shape[0]
+            if pos + b > n:
+                raise ValueError(f"stream yielded more than the announced {n} rows")
+            f[pos : pos + b] = energy_ops.free_energy(e.float()).numpy()
+            u[pos : pos + b] = energy_ops.mvsm(e.float()).numpy()
+            pos += b
+        if pos != n:
+            raise ValueError(f"stream yielded {pos} rows, announced {n}")
+        return f, u
+    fs, us = [], []
+    for e in energy_chunks:
+        fs.append(energy_ops.free_energy(e.float()).numpy())
+        us.append(energy_ops.mvsm(e.float()).numpy())
+    if not fs:
+        return np.empty(0, np.float32), np.empty(0, np.float32)
+    return np.concatenate(fs), np.concatenate(us)
+
+
+def gather_scores(local: np.ndarray, n_total: int) -> np.ndarray:
+    """All-gather each rank's contiguous shard of a per-sample score vector into pool order.
+
+    Every rank gets the full ``(n_total,)`` vector. Works with gloo and nccl (tensors are
+    padded to the largest shard and moved to the backend's device)."""
+    rank, world = rank_world()
+    if world == 1:
+        if len(local) != n_total:
+            raise ValueError(f"local scores have {len(local)} rows, expected {n_total}")
+        return local
+    sizes = [shard(n_total, r, world).stop - shard(n_total, r, world).start for r in range(world)]
+    if len(local) != sizes[rank]:
+        raise ValueError(f"rank {rank} holds {len(local)} scores, its shard has {sizes[rank]}")
+    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+    width = max(sizes)
+    buf = torch.zeros(width, dtype=torch.float64, device=device)
+    buf[: len(local)] = torch.from_numpy(np.asarray(local, dtype=np.float64)).to(device)
+    parts = [torch.empty_like(buf) for _ in range(world)]
+    dist.all_gather(parts, buf)
+    out = torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]).cpu().numpy()
+    return out.astype(local.dtype, copy=False)
+
+
+def broadcast_indices(indices: np.ndarray | None, src: int = 0) -> np.ndarray:
+    """Send rank ``src``'s selected positions to every rank (others pass ``None``)."""
+    rank, world = rank_world()
+    if world == 1:
+        if indices is None:
+            raise ValueError("single process: indices must be given")
+        return np.asarray(indices, dtype=np.int64)
+    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+    n = torch.tensor([len(indices) if rank == src and indices is not None else 0], device=device)
+    dist.broadcast(n, src)
+    buf = torch.empty(int(n.item()), dtype=torch.int64, device=device)
+    if rank == src:
+        if indices is None:
+            raise ValueError(f"rank {src} must provide the indices to broadcast")
+        buf.copy_(torch.from_numpy(np.asarray(indices, dtype=np.int64)))
+    dist.broadcast(buf, src)
+    return buf.cpu().numpy()
