@@ -48,52 +48,14 @@ def _line(ax: plt.Axes, w: np.ndarray, b: float, lim: float, **kw: Any) -> None:
 def plot_toy(panels: list[ToyPanel], path: Path) -> Path:
     """Draw the toy panels side by side (PNG or SVG by suffix) and return ``path``.
 
-    Green = labeled source (circle / plus by class), red = unlabeled target, numbered black
-    markers = samples selected in rounds 1, 2, 3; dashed lines = decision boundary before
-    each round, solid = final boundary.
+    Green = labeled source (circle / plus by class), red = unlabeled target, markers = samples
+    selected in rounds 1, 2, 3; dashed lines = decision boundary before each round, solid =
+    final boundary. The drawing is :func:`eada.reports.figures_runs.plot_toy_rounds`, shared
+    with the HTML report.
     """
-    allx = np.concatenate([np.concatenate([p.source_x, p.target_x]) for p in panels])
-    lim = float(np.abs(allx).max()) * 1.05
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4), squeeze=False)
-    round_marks = ["o", "s", "^", "D", "v", "P"]
-    round_cols = ["#1f77b4", "#9467bd", "#111111", "#ff7f0e", "#8c564b", "#17becf"]
-    for ax, p in zip(axes[0], panels, strict=True):
-        for cls, mark in ((0, "o"), (1, "+")):
-            for pts, lab, col in (
-                (p.source_x, p.source_y, "#2ca02c"),
-                (p.target_x, p.target_y, "#d62728"),
-            ):
-                style = {"facecolors": "none", "edgecolors": col} if mark == "o" else {"c": col}
-                ax.scatter(*pts[lab == cls].T, s=9, marker=mark, linewidths=0.7, alpha=0.6, **style)
-        for r, idx in enumerate(p.selected):
-            ax.scatter(
-                *p.target_x[idx].T,
-                s=42,
-                marker=round_marks[r % 6],
-                facecolors="none",
-                edgecolors=round_cols[r % 6],
-                linewidths=1.4,
-                label=f"round {r + 1}",
-            )
-        for r, (w, b) in enumerate(p.boundaries):
-            _line(ax, w, b, lim, ls="--", lw=1.0, c=round_cols[r % 6])
-        if p.final is not None:
-            _line(ax, p.final[0], p.final[1], lim, ls="-", lw=1.8, c="k")
-        ax.set_xlim(-lim, lim)
-        ax.set_ylim(-lim, lim)
-        ax.set_aspect("equal")
-        ax.set_title(p.title, fontsize=10)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        if p.selected:
-            ax.legend(loc="lower right", fontsize=7, frameon=True)
-    fig.suptitle(
-        "Toy example (green: labeled source, red: unlabeled target; "
-        "dashed: boundary before each round, solid: final)",
-        fontsize=9,
-    )
-    fig.tight_layout()
+    from eada.reports.figures_runs import plot_toy_rounds  # it imports this module
+
+    fig = plot_toy_rounds(panels)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
