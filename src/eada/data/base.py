@@ -56,6 +56,16 @@ class TensorDomain(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         """Number of classes of the domain's label space."""
         return len(self.classes)
 
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one input (without the batch dimension)."""
+        return tuple(self.x.shape[1:])
+
+    def view(self, kind: str) -> TensorDomain:
+        """The domain as seen by a pass of ``kind`` (``train``/``test``/``score``): in-memory
+        inputs have no views, so itself (image domains apply another transform)."""
+        return self
+
     def subset(self, indices: torch.Tensor, name: str | None = None) -> TensorDomain:
         """A new domain holding only ``indices`` (same class map)."""
         return TensorDomain(name or self.name, self.x[indices], self.y[indices], list(self.classes))

@@ -3,19 +3,24 @@ target split for evaluation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from eada.config import DataConfig, DigitsData, ToyData
+from eada.config import DataConfig, DigitsData, FeatureData, ImageListData, ModelConfig, ToyData
 from eada.data.base import TensorDomain
+from eada.data.images import ImageDomain
+
+Domain = TensorDomain | ImageDomain
 
 
 @dataclass
 class Task:
     """The domains of one run."""
 
-    source: TensorDomain
-    target: TensorDomain
-    heldout: TensorDomain | None = None
+    source: Domain
+    target: Domain
+    heldout: Domain | None = None
+    notes: dict[str, Any] = field(default_factory=dict)  # e.g. skipped images, feature cache
 
     def check(self) -> None:
         """Errors that must stop a run before any training: empty or mismatched domains."""
@@ -32,17 +37,22 @@ class Task:
             raise ValueError(
                 "source and target class names differ (same count, different names/order)"
             )
-        if self.source.x.shape[1:] != self.target.x.shape[1:]:
+        if self.source.input_shape != self.target.input_shape:
             raise ValueError(
-                f"source inputs {tuple(self.source.x.shape[1:])} and target inputs "
-                f"{tuple(self.target.x.shape[1:])} differ in shape"
+                f"source inputs {self.source.input_shape} and target inputs "
+                f"{self.target.input_shape} differ in shape"
             )
         if self.heldout is not None and self.heldout.classes != self.target.classes:
             raise ValueError("held-out target classes differ from the target's")
 
 
-def load_task(cfg: DataConfig, seed: int = 0) -> Task:
-    """Build the domains a data config names (the toy data depend on ``seed``)."""
+def load_task(
+    cfg: DataConfig, seed: int = 0, model: ModelConfig | None = None, device: str = "cpu"
+) -> Task:
+    """Build the domains a data config names (the toy data depend on ``seed``).
+
+    Image data with ``model.freeze_backbone`` become in-memory feature domains (extracted once
+    on ``device``, cached); without, :class:`~eada.data.images.ImageDomain` datasets."""
     if isinstance(cfg, ToyData):
         from eada.data.toy import make_toy
 
@@ -60,4 +70,12 @@ def load_task(cfg: DataConfig, seed: int = 0) -> Task:
             else None
         )
         return Task(source, target, heldout)
+    if isinstance(cfg, ImageListData):
+        from eada.data.image_tasks import load_image_task
+
+        return load_image_task(cfg, model, device)
+    if isinstance(cfg, FeatureData):
+        from eada.data.image_tasks import load_feature_task
+
+        return load_feature_task(cfg)
     raise TypeError(f"unsupported data config {type(cfg).__name__}")

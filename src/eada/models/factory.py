@@ -16,19 +16,30 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     * ``linear``: a single fully-connected layer ``E = W x + b`` (the paper's toy model).
     * ``mlp``: ``Linear -> ReLU`` blocks of sizes ``cfg.hidden``, then the energy head.
     * ``lenet``: the digits CNN of :mod:`eada.models.lenet` (inputs ``(C, S, S)``).
+    * ``backbone``: an image backbone (:mod:`eada.models.backbones`) on ``(3, S, S)`` images,
+      or, with ``freeze_backbone``, nothing: the inputs are its precomputed features.
+
+    ``bottleneck_dim`` adds ``Linear -> BatchNorm1d`` before the energy head (all models).
     """
     if num_classes < 2:
         raise ValueError(f"an energy classifier needs at least 2 classes, got {num_classes}")
     flat = math.prod(input_shape)
     if cfg.name == "linear":
-        return EnergyNet(nn.Flatten(), flat, num_classes)
+        return EnergyNet(nn.Flatten(), flat, num_classes, cfg.bottleneck_dim)
+    if cfg.name == "backbone":
+        if cfg.freeze_backbone:
+            return EnergyNet(nn.Flatten(), flat, num_classes, cfg.bottleneck_dim)
+        from eada.models.backbones import build_backbone
+
+        bb = build_backbone(cfg.backbone, cfg.weights, cfg.factory)
+        return EnergyNet(bb.module, bb.feature_dim, num_classes, cfg.bottleneck_dim)
     if cfg.name == "mlp":
         layers: list[nn.Module] = [nn.Flatten()]
         width = flat
         for h in cfg.hidden:
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
-        return EnergyNet(nn.Sequential(*layers), width, num_classes)
+        return EnergyNet(nn.Sequential(*layers), width, num_classes, cfg.bottleneck_dim)
     if cfg.name == "lenet":
         from eada.models.lenet import lenet_backbone
 

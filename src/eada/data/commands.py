@@ -1,0 +1,79 @@
+"""``eada data index`` / ``eada data check`` and the extra tables of ``eada run``'s summary.
+
+eada data index FOLDER --out LIST.txt [--no-checksums]
+    write a ``path label`` list file with a ``# class`` header (+ ``LIST.txt.sha256``)
+eada data check SOURCE TARGET [--root DIR] [--no-decode]
+    validate a source/target pair (folders or list files); exit status 1 on any error
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from eada.data.images import check_pair, index_folder, load_image_list
+
+PER_CLASS_TABLE_MAX = 20  # print a per-class table when a task has at most this many classes
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    images = index_folder(args.folder, args.out, checksums=not args.no_checksums)
+    Console().print(
+        f"{args.out}: {len(images)} images, {len(images.classes)} classes"
+        + ("" if args.no_checksums else f"; checksums in {args.out}.sha256")
+    )
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    src = load_image_list(args.source, args.root)
+    tgt = load_image_list(args.target, args.root)
+    report = check_pair(src, tgt, decode=not args.no_decode)
+    Console().print(report.format(), highlight=False)
+    return 0 if report.ok else 1
+
+
+def add_data_commands(sub: Any) -> None:
+    """Register ``eada data index`` and ``eada data check`` on the ``eada`` subparsers."""
+    d = sub.add_parser("data", help="image data: index a folder, check a source/target pair")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    i = dsub.add_parser("index", help="write a list file (+ class map, checksums) of a folder")
+    i.add_argument("folder", help="a domain folder DOMAIN/[images/]CLASS/*.jpg")
+    i.add_argument("--out", required=True, help="the list file to write")
+    i.add_argument("--no-checksums", action="store_true", help="skip the .sha256 file")
+    i.set_defaults(func=_cmd_index)
+    c = dsub.add_parser("check", help="validate a source/target pair; all problems at once")
+    c.add_argument("source", help="source domain folder or list file")
+    c.add_argument("target", help="target domain folder or list file")
+    c.add_argument("--root", default=None, help="where relative list paths start")
+    c.add_argument("--no-decode", action="store_true", help="check existence only (faster)")
+    c.set_defaults(func=_cmd_check)
+
+
+def print_summary_extras(console: Console, summary: dict[str, Any]) -> None:
+    """Protocol, last/best epoch and (few classes, e.g. VisDA's 12) the per-class table."""
+    fin = summary.get("final", {})
+    if summary.get("protocol"):
+        console.print(f"protocol: {summary['protocol']}; best epochs {summary.get('best_epochs')}")
+    for which in ("last_epoch", "best_epoch"):
+        parts = []
+        for key in ("accuracy", "mean_class_accuracy"):
+            v = fin.get(f"{which}/target/{key}")
+            if v and v.get("mean") is not None:
+                parts.append(f"{key} {v['mean']:.2f} ± {v['std']:.2f}")
+        if parts:
+            console.print(f"{which.replace('_', ' ')} target: " + ", ".join(parts))
+    per_class = fin.get("last_epoch/target/per_class_accuracy")
+    classes = summary.get("classes") or []
+    if per_class and len(per_class) <= PER_CLASS_TABLE_MAX:
+        table = Table(title="per-class target accuracy %, last epoch (mean ± std)")
+        for name in ("class", "accuracy"):
+            table.add_column(name, justify="left" if name == "class" else "right")
+        for c, s in enumerate(per_class):
+            name = classes[c] if c < len(classes) else str(c)
+            val = "-" if s.get("mean") is None else f"{s['mean']:.2f} ± {s['std']:.2f}"
+            table.add_row(name, val)
+        console.print(table)

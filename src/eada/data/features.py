@@ -1,0 +1,242 @@
+"""Feature-matrix input and frozen-backbone feature extraction (cached on disk).
+
+**Feature matrices** let any modality with precomputed embeddings use EADA: one file a domain,
+``.npy`` (features; labels from a separate file), ``.npz`` / ``.mat`` (MATLAB v5, read with
+SciPy; arrays named e.g. ``fts`` and ``labels`` as the Office-Caltech10 SURF release), or
+``.parquet`` (a label column plus numeric feature columns, or one list column ``features``).
+Raw label values are mapped to class ids through the sorted distinct labels of the source; a
+target or held-out label outside that class map is an error.
+
+**Frozen-backbone mode** runs a pretrained backbone once over every image (test view) and caches
+the features under ``cache_dir`` in a file whose name is the SHA-256 of the model name, weights
+hash, transform and the image list (paths, sizes, modification times), so a changed image,
+weight file or transform never reuses stale features.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from eada.data.base import TensorDomain
+
+FEATURE_KEYS = ("features", "fts", "feas", "feats", "x", "X", "data")
+LABEL_KEYS = ("labels", "label", "y", "Y", "gt", "targets")
+
+
+def _pick(keys: Sequence[str], wanted: str | None, candidates: Sequence[str], what: str) -> str:
+    if wanted is not None:
+        if wanted not in keys:
+            raise KeyError(f"no {what} named {wanted!r}; found: {', '.join(keys)}")
+        return wanted
+    for c in candidates:
+        if c in keys:
+            return c
+    raise KeyError(
+        f"no {what} found (tried {', '.join(candidates)}); found: {', '.join(keys)}; "
+        f"name it with {'features_key' if what == 'features' else 'labels_key'}"
+    )
+
+
+def _read_labels_file(path: Path) -> np.ndarray:
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False)
+    return np.loadtxt(path, dtype=np.int64, ndmin=1)
+
+
+def read_feature_file(
+    path: str | Path,
+    labels: str | Path | None = None,
+    features_key: str | None = None,
+    labels_key: str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read ``(features (N, D) float32, raw labels (N,) int64)`` from one file.
+
+    Args:
+        path: ``.npy``, ``.npz``, ``.mat`` or ``.parquet``.
+        labels: a separate labels file (``.npy`` or text, one integer a line); required for
+            ``.npy`` features, optional otherwise (it wins over labels inside ``path``).
+        features_key, labels_key: array / column names; default: the first of
+            :data:`FEATURE_KEYS` / :data:`LABEL_KEYS` present.
+
+    >>> import tempfile, pathlib
+    >>> f = pathlib.Path(tempfile.mkdtemp()) / "d.npz"
+    >>> np.savez(f, fts=np.ones((3, 4)), labels=np.array([[1], [2], [1]]))
+    >>> x, y = read_feature_file(f)
+    >>> x.shape, y.tolist()
+    ((3, 4), [1, 2, 1])
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"feature file not found: {path}")
+    suffix = path.suffix.lower()
+    y: Any = None
+    if suffix == ".npy":
+        x = np.load(path, allow_pickle=False)
+        if labels is None:
+            raise ValueError(f"{path}: a .npy feature file needs a separate labels file")
+    elif suffix in (".npz", ".mat"):
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        else:
+            from scipy.io import loadmat
+
+            arrays = {k: v for k, v in loadmat(path).items() if not k.startswith("__")}
+        x = arrays[_pick(list(arrays), features_key, FEATURE_KEYS, "features")]
+        if labels is None:
+            y = arrays[_pick(list(arrays), labels_key, LABEL_KEYS, "labels")]
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        cols = table.column_names
+        lab = None if labels is not None else _pick(cols, labels_key, LABEL_KEYS, "labels")
+        if lab is not None:
+            y = table.column(lab).to_numpy()
+        if "features" in cols or features_key is not None:
+            fcol = features_key or "features"
+            x = np.stack(table.column(fcol).to_numpy(zero_copy_only=False))
+        else:
+            x = np.stack([table.column(c).to_numpy() for c in cols if c != lab], axis=1)
+    else:
+        raise ValueError(f"{path}: unsupported feature file (use .npy, .npz, .mat or .parquet)")
+    if labels is not None:
+        y = _read_labels_file(Path(labels))
+    x = np.asarray(x, dtype=np.float32)
+    y = np.asarray(y).reshape(-1)
+    if x.ndim != 2:
+        raise ValueError(f"{path}: features must be a 2-D (N, D) matrix, got shape {x.shape}")
+    if len(y) != len(x):
+        raise ValueError(f"{path}: {len(x)} feature rows but {len(y)} labels")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{path}: features contain NaN or infinite values")
+    if not np.all(np.equal(np.mod(y, 1), 0)):
+        raise ValueError(f"{path}: labels must be integers")
+    return x, y.astype(np.int64)
+
+
+Normalize = Literal["none", "l2", "zscore", "l1_zscore"]
+
+
+def normalize_features(x: np.ndarray, how: Normalize) -> np.ndarray:
+    """``l2``: each row divided by its L2 norm; ``zscore``: each column standardised with the
+    domain's own mean and std (``(x - mu) / (sigma + 1e-8)``); ``l1_zscore``: rows divided by
+    their sum, then ``zscore`` (the JDA code's preprocessing of the SURF features); ``none``:
+    unchanged.
+
+    >>> normalize_features(np.array([[1.0, 3.0], [3.0, 1.0]]), "l1_zscore").tolist()
+    [[-1.0, 1.0], [1.0, -1.0]]
+    """
+    if how == "l1_zscore":
+        x = x / np.maximum(np.abs(x).sum(axis=1, keepdims=True), 1e-12)
+        how = "zscore"
+    if how == "l2":
+        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    if how == "zscore":
+        return (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8)
+    return x
+
+
+def feature_domains(
+    parts: dict[str, tuple[np.ndarray, np.ndarray]],
+    classes: Sequence[str] | None = None,
+    normalize: Normalize = "none",
+) -> dict[str, TensorDomain]:
+    """``TensorDomain``s from raw ``{role: (features, raw labels)}``, ``role`` ``source`` first.
+
+    Class ids = positions of the raw label values in the sorted distinct SOURCE labels;
+    ``classes`` names them (default: the raw values as text).
+
+    Raises:
+        ValueError: a domain's labels outside the source's class map, or differing dimensions.
+    """
+    xs, ys = parts["source"]
+    values = np.unique(ys)
+    names = list(classes) if classes is not None else [str(v) for v in values]
+    if len(names) != len(values):
+        raise ValueError(
+            f"classes names {len(names)} classes but the source has {len(values)} label values"
+        )
+    lookup = {int(v): i for i, v in enumerate(values)}
+    out: dict[str, TensorDomain] = {}
+    for role, (x, y) in parts.items():
+        if x.shape[1] != xs.shape[1]:
+            raise ValueError(f"{role} features are {x.shape[1]}-d but source's {xs.shape[1]}-d")
+        unknown = sorted({int(v) for v in np.unique(y)} - set(lookup))
+        if unknown:
+            raise ValueError(
+                f"{role} has label ids outside the class map {sorted(lookup)}: {unknown}"
+            )
+        ids = np.array([lookup[int(v)] for v in y], dtype=np.int64)
+        xn = normalize_features(x, normalize).astype(np.float32)
+        out[role] = TensorDomain(role, torch.from_numpy(xn), torch.from_numpy(ids), names)
+    return out
+
+
+def cache_key(model_id: str, weights_id: str, transform_id: str, paths: Sequence[Path]) -> str:
+    """SHA-256 naming a feature cache entry (model, weights, transform, images + their
+    sizes and modification times)."""
+    h = hashlib.sha256()
+    h.update(json.dumps([model_id, weights_id, transform_id]).encode())
+    for p in paths:
+        st = p.stat()
+        h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+@torch.no_grad()
+def extract_features(
+    backbone: nn.Module,
+    domain: Any,
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Features ``(N, D)`` of every sample of ``domain`` (eval mode, in order).
+
+    Conv nets run in ``channels_last`` memory format (faster on CPU and GPU); on CUDA under
+    bfloat16 autocast, the output cast back to float32.
+    """
+    from eada.data.batches import chunks, iterate_inputs
+
+    dev = torch.device(device)
+    backbone = backbone.to(dev).to(memory_format=torch.channels_last).eval()
+    out = []
+    for x in iterate_inputs(domain, chunks(torch.arange(len(domain)), batch_size)):
+        x = x.to(dev, non_blocking=True).contiguous(memory_format=torch.channels_last)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            out.append(backbone(x).float().cpu())
+    return torch.cat(out)
+
+
+def cached_features(
+    cache_dir: Path,
+    key: str,
+    backbone: nn.Module,
+    domain: Any,
+    batch_size: int = 64,
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """:func:`extract_features`, read from ``cache_dir/<key>.pt`` when there (saved after
+    a miss). Returns the features and ``{"cache": "hit"|"miss", "file", "seconds"}``."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    f = cache_dir / f"{key}.pt"
+    t0 = time.perf_counter()
+    if f.is_file():
+        feats = torch.load(f, map_location="cpu", weights_only=True)
+        if isinstance(feats, torch.Tensor) and feats.shape[0] == len(domain):
+            return feats, {"cache": "hit", "file": str(f), "seconds": time.perf_counter() - t0}
+    feats = extract_features(backbone, domain, batch_size, device)
+    tmp = f.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share a partial file
+    torch.save(feats, tmp)
+    tmp.replace(f)
+    return feats, {"cache": "miss", "file": str(f), "seconds": time.perf_counter() - t0}

@@ -1,0 +1,145 @@
+"""Tasks from image data (fine-tuning or frozen-backbone features) and from feature matrices.
+
+Called by :func:`eada.data.tasks.load_task` for ``data.kind: images`` and ``features``. Every
+check runs before any training: class maps, label ids, empty domains, and every image decoded
+once; all unreadable or missing images are reported together, and the run stops unless
+``skip_bad_images: true``, in which case they are dropped and listed in ``Task.notes``
+(written into the run's record).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eada.config import FeatureData, ImageListData, ModelConfig
+from eada.data.base import TensorDomain
+from eada.data.features import cache_key, cached_features, feature_domains, read_feature_file
+from eada.data.images import (
+    ImageDataError,
+    ImageDomain,
+    ImageList,
+    check_domain,
+    check_pair,
+    find_bad_images,
+    load_image_list,
+)
+from eada.data.tasks import Task
+from eada.data.transforms import (
+    Normalization,
+    TransformSpec,
+    build_transform,
+    normalization_for,
+    transform_key,
+)
+
+
+def transform_spec(cfg: ImageListData) -> TransformSpec:
+    """The :class:`TransformSpec` of a data config."""
+    t = cfg.transforms
+    return TransformSpec(t.resize, t.crop, t.test_resize, t.jitter, t.hflip, t.scoring_view)
+
+
+def backbone_normalization(model: ModelConfig, name: str) -> Normalization:
+    """The normalisation the model's backbone expects (``name`` unless ``auto``); timm models
+    use their pretrained config's mean/std."""
+    if name == "auto" and model.factory is None and model.backbone.startswith("timm:"):
+        try:
+            import timm
+
+            pcfg = timm.models.get_pretrained_cfg(model.backbone.removeprefix("timm:"))
+            if pcfg is not None:
+                return Normalization(model.backbone, tuple(pcfg.mean), tuple(pcfg.std))  # type: ignore[arg-type]
+        except ImportError:
+            pass
+    return normalization_for(model.backbone, name)
+
+
+def checked_image_lists(cfg: ImageListData) -> tuple[dict[str, ImageList], dict[str, str]]:
+    """The source/target/heldout image lists after every check; returns them and the skipped
+    images (``{path: reason}``, empty unless ``skip_bad_images``).
+
+    Raises:
+        ImageDataError: label ids outside the class map, class names that differ, an empty
+            domain, or (without ``skip_bad_images``) any missing/unreadable image -- each
+            problem listed.
+    """
+    lists = {"source": load_image_list(cfg.source, cfg.root)}
+    lists["target"] = load_image_list(cfg.target, cfg.root)
+    if cfg.heldout is not None:
+        lists["heldout"] = load_image_list(cfg.heldout, cfg.root)
+    report = check_pair(lists["source"], lists["target"], decode=False)
+    if "heldout" in lists:
+        check_domain(lists["heldout"], "heldout", report, decode=False)
+        if lists["heldout"].classes != lists["target"].classes:
+            report.errors.append("heldout and target class names differ")
+    if not report.ok:
+        raise ImageDataError("image data check failed:\n" + report.format())
+    paths = sorted({p for il in lists.values() for p in il.paths})
+    bad = find_bad_images(paths)
+    if bad and not cfg.skip_bad_images:
+        listing = "\n  ".join(f"{p}: {r}" for p, r in sorted(bad.items()))
+        raise ImageDataError(
+            f"{len(bad)} image(s) missing or unreadable (set data.skip_bad_images: true to "
+            f"skip them):\n  {listing}"
+        )
+    if bad:
+        lists = {k: v.drop(set(bad)) for k, v in lists.items()}
+        for role in ("source", "target"):
+            if not lists[role].paths:
+                raise ImageDataError(f"{role}: no readable images left after skipping")
+    return lists, {str(p): r for p, r in sorted(bad.items())}
+
+
+def load_image_task(
+    cfg: ImageListData, model: ModelConfig | None = None, device: str = "cpu"
+) -> Task:
+    """Image domains, or (``model.freeze_backbone``) cached backbone features of them."""
+    import torch
+
+    model = model if model is not None else ModelConfig(name="backbone")
+    lists, skipped = checked_image_lists(cfg)
+    spec = transform_spec(cfg)
+    norm = backbone_normalization(model, cfg.transforms.normalization)
+    notes: dict[str, Any] = {"skipped_images": skipped}
+    domains: dict[str, Any] = {}
+    if model.freeze_backbone:
+        from eada.models.backbones import build_backbone
+
+        bb = build_backbone(
+            model.backbone, model.weights, model.factory, cfg.transforms.normalization
+        )
+        tfm = build_transform("test", spec, bb.normalization)
+        tkey = transform_key("test", spec, bb.normalization)
+        model_id = model.factory or model.backbone
+        dev = "cuda" if device == "auto" and torch.cuda.is_available() else device
+        dev = "cpu" if dev == "auto" else dev
+        notes["features"] = {"backbone": model_id, "weights": bb.weights_id, "view": "test"}
+        for role, il in lists.items():
+            ds = ImageDomain(il, {"test": tfm}, (3, spec.crop, spec.crop), cfg.workers, "test")
+            key = cache_key(model_id, bb.weights_id, tkey, il.paths)
+            feats, info = cached_features(
+                cfg.cache_dir, key, bb.module, ds, cfg.extract_batch_size, dev
+            )
+            notes["features"][role] = info
+            domains[role] = TensorDomain(il.name, feats, ds.y, list(il.classes))
+    else:
+        views = {v: build_transform(v, spec, norm) for v in ("train", "test", "score")}
+        for role, il in lists.items():
+            domains[role] = ImageDomain(il, views, (3, spec.crop, spec.crop), cfg.workers)
+    return Task(domains["source"], domains["target"], domains.get("heldout"), notes)
+
+
+def load_feature_task(cfg: FeatureData) -> Task:
+    """In-memory domains from feature-matrix files."""
+    files = {"source": (cfg.source, cfg.source_labels), "target": (cfg.target, cfg.target_labels)}
+    if cfg.heldout is not None:
+        files["heldout"] = (cfg.heldout, cfg.heldout_labels)
+    raw = {
+        role: read_feature_file(f, lab, cfg.features_key, cfg.labels_key)
+        for role, (f, lab) in files.items()
+    }
+    doms = feature_domains(raw, cfg.classes, cfg.normalize)
+    names = {"source": cfg.source.stem, "target": cfg.target.stem}
+    for role, d in doms.items():
+        d.name = names.get(role, f"{cfg.target.stem}-heldout")
+    return Task(doms["source"], doms["target"], doms.get("heldout"))

