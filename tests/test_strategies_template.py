@@ -35,6 +35,13 @@ def make_pool(n: int = N, seed: int = 0) -> PoolOutputs:
         energies=rng.normal(scale=3.0, size=(n, C)),
         embeddings=rng.normal(size=(n, D)),
         n_target=N_TARGET,
+        labeled_embeddings=rng.normal(size=(7, D)),
+        source_embeddings=rng.normal(size=(40, D)),
+        extra={  # the scores training components give (eada.train.aux)
+            "domain_source_prob": rng.uniform(0.01, 0.99, size=n),
+            "committee_energies": rng.normal(scale=3.0, size=(n, 3, C)),
+            "critic_score": rng.normal(size=n),
+        },
     )
 
 

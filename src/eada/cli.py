@@ -5,7 +5,11 @@ eada run PRESET|CONFIG.yaml [--method M] [--seeds 0-2] [--set key=value ...] [--
 eada run ... --dry-run                     validate and print the plan, touch no data
 eada presets                               list presets and methods
 eada strategies                            list query strategies
+eada bench TASKS --methods M,... --seeds 0-2 --out DIR   resumable grid + paper-style tables
 eada config show PRESET [--method M]       print a preset as YAML, to edit and run
+eada data index FOLDER --out LIST.txt      list file + class map + checksums of an image folder
+eada data check SOURCE TARGET              validate a source/target image pair
+eada report RUN_DIR [--out FILE.html]      self-contained HTML report of a run or benchmark
 """
 
 from __future__ import annotations
@@ -71,7 +75,12 @@ def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
 def _cmd_run(args: argparse.Namespace) -> int:
     from eada.experiment import run_seeds
     from eada.runs import parse_seeds
+    from eada.segmentation.config import is_segmentation_config
 
+    if is_segmentation_config(args.config):  # `task: segmentation` -> eada.segmentation
+        from eada.segmentation.cli import run_segmentation_command
+
+        return run_segmentation_command(args, console, _log)
     seeds = parse_seeds(args.seeds)
     configs = {s: _resolve(args, s) for s in seeds}
     cfg = configs[seeds[0]]
@@ -90,7 +99,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.print("config valid; no data touched (--dry-run)")
         return 0
     out = Path(args.out) if args.out else Path("runs") / cfg.name.replace("/", "_")
-    summary = run_seeds(lambda s: configs[s], seeds, out, progress=_log)
+    from eada.train.logging import run_callbacks
+
+    summary = run_seeds(
+        lambda s: configs[s],
+        seeds,
+        out,
+        progress=_log,
+        make_callbacks=lambda s: run_callbacks(s, err_console, args.tensorboard),
+    )
     table = Table(
         title=f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {len(seeds)} seeds)"
     )
@@ -119,7 +136,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ],
     )
     console.print(table)
+    from eada.data.commands import print_summary_extras
+
+    print_summary_extras(console, summary)  # protocol, last/best epoch, per-class table
     console.print(f"results: {out / 'results.json'}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from eada.reports.html import build_report
+
+    out = build_report(
+        Path(args.run_dir),
+        Path(args.out) if args.out else None,
+        data_root=Path(args.data_root) if args.data_root else None,
+        figures_dir=Path(args.figures) if args.figures else None,
+    )
+    console.print(f"report: {out}")
     return 0
 
 
@@ -175,7 +208,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--out", default=None, help="output folder (default runs/<name>)")
     r.add_argument("--dry-run", action="store_true", help="validate and print the plan only")
+    r.add_argument(
+        "--tensorboard",
+        default=None,
+        metavar="DIR",
+        help="write TensorBoard logs to DIR/seed<N> (needs eada[tensorboard])",
+    )
     r.set_defaults(func=_cmd_run)
+
+    rp = sub.add_parser("report", help="write a self-contained HTML report of a run folder")
+    rp.add_argument("run_dir", help="a folder of `eada run`, `eada demo` or a benchmark")
+    rp.add_argument("--out", default=None, help="HTML file (default RUN_DIR/report.html)")
+    rp.add_argument("--figures", default=None, metavar="DIR", help="also save figures as PNG+SVG")
+    rp.add_argument("--data-root", default=None, help="data set folder, to show queried images")
+    rp.set_defaults(func=_cmd_report)
+
+    from eada.bench import add_parser as add_bench_parser
+
+    add_bench_parser(sub)  # eada bench: the resumable grid and the paper's tables
 
     sub.add_parser("presets", help="list presets and methods").set_defaults(func=_cmd_presets)
     sub.add_parser("strategies", help="list query strategies").set_defaults(func=_cmd_strategies)
@@ -186,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("preset")
     cs.add_argument("--method", default=None)
     cs.set_defaults(func=_cmd_config_show)
+
+    from eada.data.commands import add_data_commands
+
+    add_data_commands(sub)  # eada data index / eada data check
+
+    from eada.store.cli import add_store_commands  # init, query, label import, train, ...
+
+    add_store_commands(sub)
     return p
 
 

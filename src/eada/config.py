@@ -60,15 +60,79 @@ class DigitsData(_Strict):
         return self
 
 
-DataConfig = Annotated[ToyData | DigitsData, Field(discriminator="kind")]
+class ImageTransforms(_Strict):
+    """Image views (see :mod:`eada.data.transforms`); defaults = the paper's protocol."""
+
+    resize: int = Field(256, ge=8)
+    crop: int = Field(224, ge=8)
+    test_resize: int = Field(288, ge=8)
+    jitter: tuple[float, float, float, float] | None = (0.4, 0.4, 0.4, 0.1)
+    hflip: bool = False
+    scoring_view: Literal["random_crop", "test"] = "random_crop"
+    normalization: Literal["auto", "imagenet", "efficientnet_lite", "inception", "none"] = "auto"
+
+    @model_validator(mode="after")
+    def _sizes(self) -> ImageTransforms:
+        if self.crop > min(self.resize, self.test_resize):
+            raise ValueError(f"crop {self.crop} exceeds resize/test_resize")
+        return self
+
+
+class ImageListData(_Strict):
+    """Image domains (see :mod:`eada.data.images`): each of ``source``/``target``/``heldout`` is
+    a list file (``path label`` a line) or a domain folder ``DOMAIN/[images/]CLASS/*.jpg``.
+    ``root``: where relative list paths start (default: the list file's folder).
+    ``skip_bad_images``: drop unreadable/missing images (recorded in the run) instead of failing.
+    ``cache_dir``: frozen-backbone feature cache."""
+
+    kind: Literal["images"] = "images"
+    source: Path
+    target: Path
+    heldout: Path | None = None
+    root: Path | None = None
+    transforms: ImageTransforms = Field(default_factory=ImageTransforms)
+    skip_bad_images: bool = False
+    workers: int = Field(2, ge=0)
+    cache_dir: Path = Path(".cache/eada/features")
+    extract_batch_size: int = Field(64, ge=1)
+
+
+class FeatureData(_Strict):
+    """Feature matrices (see :mod:`eada.data.features`): ``.npy``/``.npz``/``.mat``/``.parquet``
+    a domain; ``*_labels`` separate label files (needed for ``.npy``)."""
+
+    kind: Literal["features"] = "features"
+    source: Path
+    target: Path
+    heldout: Path | None = None
+    source_labels: Path | None = None
+    target_labels: Path | None = None
+    heldout_labels: Path | None = None
+    features_key: str | None = None
+    labels_key: str | None = None
+    classes: list[str] | None = None
+    normalize: Literal["none", "l2", "zscore", "l1_zscore"] = "none"
+
+
+DataConfig = Annotated[
+    ToyData | DigitsData | ImageListData | FeatureData, Field(discriminator="kind")
+]
 
 
 class ModelConfig(_Strict):
     """The energy network. ``linear``: one fully-connected layer (toy); ``lenet``: digits CNN;
-    ``mlp``: hidden layers on flat inputs."""
+    ``mlp``: hidden layers on flat inputs; ``backbone``: an image backbone (``backbone`` name,
+    ``weights``, or a user ``factory``) + bottleneck + head; with ``freeze_backbone`` the
+    backbone only extracts features once and the head is trained on them."""
 
-    name: Literal["linear", "lenet", "mlp"] = "lenet"
+    name: Literal["linear", "lenet", "mlp", "backbone"] = "lenet"
     hidden: list[int] = Field(default_factory=lambda: [256])
+    # image backbones (name: backbone; see eada.models.backbones)
+    backbone: str = "resnet50"
+    weights: str | None = "pretrained"  # pretrained | none | PATH to a local checkpoint
+    factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    bottleneck_dim: int | None = Field(None, ge=1)  # Linear -> BatchNorm1d before the head
+    freeze_backbone: bool = False  # extract features once (cached), train the head only
 
 
 class OptimConfig(_Strict):
@@ -98,6 +162,7 @@ class TrainConfig(_Strict):
     delta_momentum: float = Field(0.9, ge=0, lt=1)
     eval_every: int = Field(1, ge=1)
     eval_batch_size: int = Field(512, ge=1)
+    amp: bool = True  # bfloat16 autocast of the forward passes, on CUDA only
 
 
 class ActiveConfig(_Strict):
@@ -166,6 +231,12 @@ class ExperimentConfig(_Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     active: ActiveConfig = Field(default_factory=ActiveConfig)
+
+    @model_validator(mode="after")
+    def _images_need_backbone(self) -> ExperimentConfig:
+        if (self.data.kind == "images") != (self.model.name == "backbone"):
+            raise ValueError("data.kind images and model.name backbone go together")
+        return self
 
     @model_validator(mode="after")
     def _rounds_within_epochs(self) -> ExperimentConfig:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from eada.data.base import TensorDomain
 from eada.data.tasks import load_task
 from eada.experiment import final_accuracy, run_once
 from eada.hparams import METHOD_LABELS, preset_config
@@ -102,6 +103,8 @@ def run_demo(
             if progress:
                 progress(f"{METHOD_LABELS[m]:<16} seed {s}: target error {err:5.1f}%")
             if s == 0:
+                assert isinstance(task.source, TensorDomain)
+                assert isinstance(task.target, TensorDomain)
                 panels.append(
                     ToyPanel(
                         title=f"{METHOD_LABELS[m]} (seed 0): {err:.1f}% error",

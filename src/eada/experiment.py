@@ -27,12 +27,29 @@ def run_once(
     task: Task | None = None,
     callbacks: list[Callback] | None = None,
     progress: Callable[[str], None] | None = None,
+    record_stats: bool = True,
 ) -> dict[str, Any]:
-    """Train one seed; returns ``{"seed", "config", "results"}`` (JSON-ready)."""
-    task = task if task is not None else load_task(cfg.data, cfg.seed)
-    trainer = ActiveDATrainer(cfg, task, callbacks=callbacks)
-    result = trainer.run(progress=progress)
-    return {"seed": cfg.seed, "config": cfg.resolved(), "results": result.to_dict()}
+    """Train one seed; returns ``{"seed", "config", "results"}`` (JSON-ready).
+
+    With ``record_stats`` a :class:`~eada.reports.domain_stats.DomainStatsRecorder` adds
+    ``results["domain_stats"]`` (free energies, A-distance, MMD per round, for the report).
+    Callbacks with an ``attach(trainer)`` method are attached before training starts.
+    """
+    from eada.reports.domain_stats import DomainStatsRecorder
+
+    task = task if task is not None else load_task(cfg.data, cfg.seed, cfg.model, cfg.device)
+    recorder = DomainStatsRecorder(seed=cfg.seed) if record_stats else None
+    cbs: list[Callback] = [*(callbacks or []), *([recorder] if recorder else [])]
+    trainer = ActiveDATrainer(cfg, task, callbacks=cbs)
+    for cb in cbs:
+        attach = getattr(cb, "attach", None)
+        if callable(attach):
+            attach(trainer)
+    result = trainer.run(progress=progress).to_dict()
+    if recorder is not None:
+        result["domain_stats"] = recorder.data
+    result["data"] = {"classes": list(task.target.classes), **task.notes}  # e.g. skipped images
+    return {"seed": cfg.seed, "config": cfg.resolved(), "results": result}
 
 
 def final_accuracy(
@@ -59,10 +76,21 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             vals = [x["after_training"][split]["accuracy"] for x in recs if "after_training" in x]
             if len(vals) == len(recs):
                 row[f"{split}/accuracy"] = {"values": vals, **summarize(vals)}
+                mca = [x["after_training"][split]["mean_class_accuracy"] for x in recs]
+                row[f"{split}/mean_class_accuracy"] = {"values": mca, **summarize(mca)}
         if i > 0:
             row["selection_seconds"] = summarize([x["selection_seconds"] for x in recs])
             row["selected_error_rate"] = summarize([x["selected_error_rate"] for x in recs])
         out["rounds"].append(row)
+    final0 = runs[0]["results"]["final"]
+    out["protocol"] = final0.get("protocol")
+    out["best_epochs"] = [r["results"]["final"]["best_epoch"]["epoch"] for r in runs]
+    out["classes"] = runs[0]["results"].get("data", {}).get("classes")
+    for split in splits:  # per-class accuracy at the last epoch (VisDA's table)
+        pcs = [r["results"]["final"]["last_epoch"][split]["per_class_accuracy"] for r in runs]
+        out["final"][f"last_epoch/{split}/per_class_accuracy"] = [
+            summarize([p[c] for p in pcs if p[c] is not None]) for c in range(len(pcs[0]))
+        ]
     return out
 
 
@@ -71,9 +99,11 @@ def run_seeds(
     seeds: list[int],
     out_dir: Path,
     progress: Callable[[str], None] | None = None,
+    make_callbacks: Callable[[int], list[Callback]] | None = None,
 ) -> dict[str, Any]:
     """Run ``make_config(seed)`` for every seed, appending each finished run to
-    ``runs.jsonl``; seeds already there are not run again (resume after an interruption)."""
+    ``runs.jsonl``; seeds already there are not run again (resume after an interruption).
+    ``make_callbacks(seed)`` gives each run its trainer callbacks (progress bars, TensorBoard)."""
     configs = {s: make_config(s) for s in seeds}  # validate every config before any work
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "config.json", configs[seeds[0]].resolved())
@@ -85,7 +115,8 @@ def run_seeds(
             continue
         if progress:
             progress(f"seed {seed}")
-        run = run_once(configs[seed], progress=progress)
+        cbs = make_callbacks(seed) if make_callbacks else None
+        run = run_once(configs[seed], callbacks=cbs, progress=progress)
         append_jsonl(log, run)
         done[seed] = run
     runs = [done[s] for s in seeds]

@@ -90,6 +90,22 @@ METHODS: dict[str, dict[str, Any]] = {
     "eada_no_f": {"active": {"strategy": "mvsm"}},
     "eada_no_u": {"active": {"strategy": "free_energy"}},
 }
+# the paper's baselines (Tables 1-2): plain NLL training (no L_fea), their own query strategy
+# and, where their papers train extra components, those too (eada.train.aux)
+_BASELINES = {
+    "entropy": "Entropy",
+    "margin": "BvSB",
+    "least_confidence": "Least confidence",
+    "coreset": "CoreSet",
+    "badge": "BADGE",
+    "waal": "WAAL",
+    "aada": "AADA",
+    "dbal": "DBAL",
+    "tqs": "TQS",
+    "clue": "CLUE",
+}
+for _m in _BASELINES:
+    METHODS[_m] = {"active": {"strategy": _m}, "train": {"gamma": 0.0}}
 
 METHOD_LABELS = {
     "source_only": "Source-only",
@@ -99,6 +115,7 @@ METHOD_LABELS = {
     "random_fea": "Random + L_fea",
     "eada_no_f": "EADA w/o F",
     "eada_no_u": "EADA w/o U",
+    **_BASELINES,
 }
 
 

@@ -1,5 +1,8 @@
 """Query strategies: one registry (:data:`STRATEGIES`), one interface (:class:`Strategy`)."""
 
+from eada.strategies import clue as _clue  # noqa: F401
+from eada.strategies import diversity as _diversity  # noqa: F401  (CoreSet, BADGE)
+from eada.strategies import domain as _domain  # noqa: F401  (AADA, TQS, DBAL, WAAL)
 from eada.strategies import eada as _eada  # noqa: F401  (registers EADA and its ablations)
 from eada.strategies import uncertainty as _uncertainty  # noqa: F401
 from eada.strategies.base import (

@@ -45,6 +45,11 @@ class PoolOutputs:
         mvsm: ``(N,)`` MvSM ``U(x)``, or ``None`` (derived from ``energies``).
         embeddings: ``(N, D)`` penultimate features, for strategies that need them.
         n_target: size of the WHOLE target set (labeled + unlabeled); some rules use it.
+        extra: further per-pool-sample arrays (first axis ``N``) that training components
+            contribute, e.g. ``"domain_source_prob"`` of a domain discriminator.
+        labeled_embeddings: ``(L, D)`` features of the LABELED target samples (``L`` may be 0),
+            for diversity strategies (CoreSet, DBAL); not part of the pool.
+        source_embeddings: ``(M, D)`` features of the source samples (DBAL); not part of the pool.
     """
 
     energies: np.ndarray | None = None
@@ -53,6 +58,8 @@ class PoolOutputs:
     embeddings: np.ndarray | None = None
     n_target: int | None = None
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    labeled_embeddings: np.ndarray | None = None
+    source_embeddings: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in ("energies", "free_energy", "mvsm", "embeddings"):
@@ -74,6 +81,27 @@ class PoolOutputs:
             raise ValueError(f"pool outputs disagree on the number of samples: {sizes}")
         if self.energies is not None and self.energies.ndim != 2:
             raise ValueError(f"energies must be (N, C), got shape {self.energies.shape}")
+        n = len(self)
+        for key, value in self.extra.items():
+            if np.shape(value)[:1] != (n,):
+                raise ValueError(
+                    f"pool extra {key!r} has shape {np.shape(value)}, expected ({n}, ...)"
+                )
+        for name in ("labeled_embeddings", "source_embeddings"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            arr = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
+            if arr.ndim != 2:
+                raise ValueError(f"{name} must be (rows, D), got shape {arr.shape}")
+            if self.embeddings is not None and arr.shape[1] != self.embeddings.shape[1]:
+                raise ValueError(
+                    f"{name} have {arr.shape[1]} features but the pool embeddings "
+                    f"{self.embeddings.shape[1]}"
+                )
+            if not np.isfinite(arr).all():
+                raise ValueError(f"{name} contain NaN or infinite values")
+            setattr(self, name, arr)
 
     def _arrays(self) -> dict[str, np.ndarray]:
         names = ("energies", "free_energy", "mvsm", "embeddings")
@@ -94,6 +122,23 @@ class PoolOutputs:
         if self.embeddings is None:
             raise ValueError(f"strategy {strategy!r} needs the pool's embeddings")
         return self.embeddings
+
+    def require_extra(self, key: str, strategy: str, component: str) -> np.ndarray:
+        """``extra[key]``, or a clear error naming ``strategy`` and the training ``component``
+        that produces it (see :mod:`eada.train.aux`)."""
+        if key not in self.extra:
+            raise ValueError(
+                f"strategy {strategy!r} needs the pool score {key!r}, produced by the training "
+                f"component {component!r} (eada.train.aux); it is missing from the pool outputs"
+            )
+        return np.asarray(self.extra[key])
+
+    def require_rows(self, name: str, strategy: str) -> np.ndarray:
+        """``labeled_embeddings`` or ``source_embeddings`` (possibly 0 rows), or a clear error."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"strategy {strategy!r} needs {name} (give a (0, D) array if none)")
+        return np.asarray(value)
 
     def get_free_energy(self) -> np.ndarray:
         """``F(x)`` for every pool sample (computed from the energies if not given)."""

@@ -2,37 +2,31 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 import torch
 from torch import nn
 
 from eada import energy as energy_ops
-from eada.data.base import TensorDomain
+from eada.data.batches import chunks, iterate_inputs
+from eada.data.tasks import Domain
 from eada.models.base import EnergyNet
 from eada.strategies import PoolOutputs
-
-
-def _batches(
-    domain: TensorDomain, indices: torch.Tensor, batch_size: int
-) -> Iterable[torch.Tensor]:
-    for start in range(0, len(indices), batch_size):
-        yield indices[start : start + batch_size]
 
 
 @torch.no_grad()
 def predict_energies(
     model: nn.Module,
-    domain: TensorDomain,
+    domain: Domain,
     indices: torch.Tensor | None = None,
     batch_size: int = 512,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """Energies ``(N, C)`` of ``domain[indices]`` (all samples by default), model in eval mode."""
+    """Energies ``(N, C)`` of ``domain[indices]`` (all samples by default), model in eval mode,
+    inputs in the domain's ``test`` view."""
     model.eval()
     idx = torch.arange(len(domain)) if indices is None else indices
-    out = [model(domain.x[b].to(device)).float().cpu() for b in _batches(domain, idx, batch_size)]
+    xs = iterate_inputs(domain.view("test"), chunks(idx, batch_size))
+    out = [model(x.to(device)).float().cpu() for x in xs]
     return torch.cat(out) if out else torch.empty(0, 0)
 
 
@@ -60,21 +54,28 @@ def accuracy_metrics(
 
 def evaluate(
     model: nn.Module,
-    domain: TensorDomain,
+    domain: Domain,
     batch_size: int = 512,
     device: torch.device | str = "cpu",
 ) -> dict[str, object]:
     """Accuracy metrics of ``model`` on a whole domain, plus its mean free energy."""
     e = predict_energies(model, domain, None, batch_size, device)
-    metrics = accuracy_metrics(e, domain.y, domain.num_classes)
-    metrics["mean_free_energy"] = float(energy_ops.free_energy(e).mean())
+    return domain_metrics(e, domain.y, domain.num_classes)
+
+
+def domain_metrics(
+    energies: torch.Tensor, labels: torch.Tensor, num_classes: int
+) -> dict[str, object]:
+    """:func:`accuracy_metrics` plus the mean free energy, from precomputed energies."""
+    metrics = accuracy_metrics(energies, labels, num_classes)
+    metrics["mean_free_energy"] = float(energy_ops.free_energy(energies).mean())
     return metrics
 
 
 @torch.no_grad()
 def score_pool(
     model: nn.Module,
-    domain: TensorDomain,
+    domain: Domain,
     indices: torch.Tensor,
     needs: tuple[str, ...],
     batch_size: int = 512,
@@ -84,13 +85,14 @@ def score_pool(
 
     A strategy that needs only ``free_energy``/``mvsm`` gets two floats a sample, never the
     ``(N, C)`` energies; ``energies`` and ``embeddings`` are kept only when asked for.
+    Inputs come in the domain's ``score`` view (image domains: the scoring transform).
     """
     model.eval()
     keep_e = "energies" in needs
     keep_z = "embeddings" in needs
     f, u, es, zs = [], [], [], []
-    for b in _batches(domain, indices, batch_size):
-        x = domain.x[b].to(device)
+    for x in iterate_inputs(domain.view("score"), chunks(indices, batch_size)):
+        x = x.to(device)
         if keep_z and isinstance(model, EnergyNet):
             z = model.embed(x)
             e = model.head(z).float()
@@ -109,3 +111,24 @@ def score_pool(
         embeddings=cat(zs) if keep_z else None,
         n_target=len(domain),
     )
+
+
+@torch.no_grad()
+def embed_samples(
+    model: nn.Module,
+    domain: Domain,
+    indices: torch.Tensor,
+    batch_size: int = 512,
+    device: torch.device | str = "cpu",
+) -> np.ndarray:
+    """Penultimate features ``(len(indices), D)`` of ``domain[indices]`` (eval mode), for
+    strategies that compare the pool with the labeled target set or the source (CoreSet, DBAL).
+    Needs an :class:`EnergyNet`; ``(0, D)`` for no indices."""
+    if not isinstance(model, EnergyNet):
+        raise TypeError("embeddings need an EnergyNet (a model with .embed)")
+    model.eval()
+    xs = iterate_inputs(domain.view("score"), chunks(indices, batch_size))
+    zs = [model.embed(x.to(device)).float().cpu() for x in xs]
+    if zs:
+        return torch.cat(zs).numpy()
+    return np.empty((0, model.head.in_features), dtype=np.float32)

@@ -16,6 +16,7 @@ training that follows it.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,10 +29,25 @@ from torch import nn
 from eada import energy as energy_ops
 from eada.config import ExperimentConfig, OptimConfig
 from eada.data.base import TensorDomain
-from eada.data.tasks import Task
+from eada.data.batches import iterate_inputs
+from eada.data.tasks import Domain, Task
 from eada.models import build_model
-from eada.strategies import BudgetTooLargeError, get_strategy, resolve_budget, stage_sizes
-from eada.train.evaluate import accuracy_metrics, evaluate, predict_energies, score_pool
+from eada.strategies import (
+    BudgetTooLargeError,
+    PoolOutputs,
+    Selection,
+    get_strategy,
+    resolve_budget,
+    stage_sizes,
+)
+from eada.train.aux import build_aux, complete_pool_outputs
+from eada.train.evaluate import (
+    accuracy_metrics,
+    domain_metrics,
+    evaluate,
+    predict_energies,
+    score_pool,
+)
 from eada.train.oracle import Oracle, SimulatedOracle
 
 Callback = Callable[[str, "ActiveDATrainer", dict[str, Any]], None]
@@ -76,11 +92,13 @@ class BatchStream:
 
     Full batches only (``drop_last``) when at least one full batch exists, otherwise the whole
     set as one batch; a batch of one sample is duplicated (batch norm needs two).
+    A :class:`TensorDomain` is sliced in memory; any other dataset (image files) is read through
+    a ``DataLoader`` over the pass's batches (``domain.workers`` processes, same order).
     """
 
     def __init__(
         self,
-        domain: TensorDomain,
+        domain: Domain,
         indices: torch.Tensor,
         batch_size: int,
         generator: torch.Generator,
@@ -93,6 +111,7 @@ class BatchStream:
         self.generator = generator
         self._order = torch.empty(0, dtype=torch.long)
         self._pos = 0
+        self._loaded: tuple[torch.Tensor, int, Any] | None = None  # (order, next start, iter)
 
     def set_indices(self, indices: torch.Tensor) -> None:
         """Replace the sampled set (e.g. after a round); the next batch starts a new pass."""
@@ -104,6 +123,16 @@ class BatchStream:
     def batches_per_pass(self) -> int:
         """Batches in one pass over the set."""
         return max(1, len(self.indices) // self.batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampled set and the position in the current pass (for exact resumption)."""
+        return {"indices": self.indices.clone(), "order": self._order.clone(), "pos": self._pos}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.indices = state["indices"].long()
+        self._order = state["order"].long()
+        self._pos = int(state["pos"])
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next ``(x, y)`` batch."""
@@ -118,7 +147,36 @@ class BatchStream:
         self._pos += size
         if len(b) == 1:
             b = b.repeat(2)
-        return self.domain.x[b], self.labels[b]
+        if isinstance(self.domain, TensorDomain):
+            return self.domain.x[b], self.labels[b]
+        return self._load(self._pos - size, size), self.labels[b]
+
+    def _load(self, start: int, size: int) -> torch.Tensor:
+        """Inputs of the batch at ``start`` of the current pass, from a loader that reads the
+        rest of the pass ahead (rebuilt when the order or position changed)."""
+        ld = self._loaded
+        if ld is None or ld[0] is not self._order or ld[1] != start:
+            n_full = (len(self._order) - start) // size
+            rest = [self._order[start + k * size : start + (k + 1) * size] for k in range(n_full)]
+            rest = [b.repeat(2) if len(b) == 1 else b for b in rest]
+            ld = (self._order, start, iterate_inputs(self.domain, rest))
+        x = next(ld[2])
+        self._loaded = (ld[0], start + size, ld[2])
+        return x
+
+
+@dataclass
+class Proposal:
+    """What :meth:`ActiveDATrainer.propose` chose: pool positions ``pool_idx`` (target indices
+    of the unlabeled pool), the ``chosen`` target indices, the pool outputs and the strategy's
+    :class:`~eada.strategies.Selection` (per-sample scores over the pool), and timings."""
+
+    pool_idx: torch.Tensor
+    chosen: torch.Tensor
+    outputs: PoolOutputs
+    selection: Selection
+    scoring_seconds: float
+    selection_seconds: float
 
 
 @dataclass
@@ -179,7 +237,7 @@ class ActiveDATrainer:
         self.model = (
             model
             if model is not None
-            else build_model(cfg.model, tuple(task.source.x.shape[1:]), task.source.num_classes)
+            else build_model(cfg.model, task.source.input_shape, task.source.num_classes)
         ).to(self.device)
         self.optimizer = build_optimizer(cfg.optim, self.model)
         self.oracle: Oracle = oracle if oracle is not None else SimulatedOracle(task.target.y)
@@ -197,6 +255,11 @@ class ActiveDATrainer:
         self.labeled_stream = BatchStream(
             task.target, torch.empty(0, dtype=torch.long), bs, gen, labels=self.target_labels
         )
+        self.generator = gen
+        self.last_proposal: Proposal | None = None
+        self._run_state: dict[str, Any] | None = None  # progress inside run(), for checkpoints
+        self._resume: dict[str, Any] | None = None  # progress restored by load_state_dict
+        self.aux = build_aux(self)  # some baselines' own training components (eada.train.aux)
 
     # -- planning ---------------------------------------------------------------------------
     def make_plan(self) -> list[dict[str, Any]]:
@@ -238,43 +301,62 @@ class ActiveDATrainer:
         dev = self.device
         self.model.train()
         xs, ys = self.source_stream.next()
-        e_s = self.model(xs.to(dev))
+        e_s = self._forward(xs)
         loss_s = energy_ops.energy_nll(e_s, ys.to(dev), tau=t.tau)
         delta = self.delta.update(energy_ops.free_energy(e_s.detach(), t.tau))
         loss = t.delta_s * loss_s
         out = {"loss_source": float(loss_s.detach()), "delta": delta}
         if t.gamma > 0 and len(self.unlabeled_stream.indices):
             xu, _ = self.unlabeled_stream.next()
-            e_u = self.model(xu.to(dev))
+            e_u = self._forward(xu)
             loss_u = energy_ops.free_energy_alignment_loss(e_u, delta, tau=t.tau)
             loss = loss + t.gamma * loss_u
             out["loss_align"] = float(loss_u.detach())
         if len(self.labeled_stream.indices):
             xl, yl = self.labeled_stream.next()  # labels as the oracle gave them
-            e_l = self.model(xl.to(dev))
+            e_l = self._forward(xl)
             loss_l = energy_ops.energy_nll(e_l, yl.to(dev), tau=t.tau)
             loss = loss + t.delta_t * loss_l
             out["loss_target"] = float(loss_l.detach())
+        if self.aux is not None:  # discriminator / committee / MME entropy / critic losses
+            loss_aux, aux_logs = self.aux.loss(self, xs, ys)
+            loss = loss + loss_aux
+            out.update(aux_logs)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss became {float(loss)}; lower the learning rate")
         self.optimizer.zero_grad(set_to_none=True)
+        if self.aux is not None:
+            self.aux.zero_grad()
         loss.backward()
         self.optimizer.step()
+        if self.aux is not None:
+            self.aux.step()
         out["loss"] = float(loss.detach())
         return out
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Energies (float32) of a batch; bfloat16 autocast on CUDA when ``train.amp``."""
+        dev = self.device
+        amp = dev.type == "cuda" and self.cfg.train.amp
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
+            return self.model(x.to(dev, non_blocking=True)).float()
 
     def steps_per_epoch(self) -> int:
         """``max(#source batches, #unlabeled batches)``, the reference code's epoch length."""
         return max(self.source_stream.batches_per_pass, self.unlabeled_stream.batches_per_pass)
 
     # -- selection --------------------------------------------------------------------------
-    def select_round(self, r: int, epoch: int, budget: int) -> dict[str, Any]:
-        """Score the unlabeled pool, select, ask the oracle, move samples to the labeled set."""
+    def propose(self, budget: int) -> Proposal:
+        """Score the unlabeled pool with the current model and let the strategy choose
+        ``budget`` samples; asks no labels. The one selection path: simulated rounds
+        (:meth:`select_round`) and human rounds (``eada query``) both call it."""
         a = self.cfg.active
         spec = get_strategy(a.strategy)
         pool_idx = torch.nonzero(~self.labeled_mask).squeeze(1)
         t0 = time.perf_counter()
         needs = tuple(spec.needs) + (("energies",) if "energies" not in spec.needs else ())
+        if self.aux is not None and "embeddings" not in needs:
+            needs += ("embeddings",)  # the training components score the pool's embeddings
         outputs = score_pool(
             self.model,
             self.task.target,
@@ -283,6 +365,7 @@ class ActiveDATrainer:
             self.cfg.train.eval_batch_size,
             self.device,
         )
+        outputs = complete_pool_outputs(self, outputs, needs)  # labeled/source embeddings, aux
         t1 = time.perf_counter()
         params = dict(a.params)
         if a.strategy == "eada":
@@ -296,6 +379,27 @@ class ActiveDATrainer:
         chosen = pool_idx[torch.from_numpy(sel.indices)]
         if self.labeled_mask[chosen].any() or len(set(chosen.tolist())) != len(chosen):
             raise RuntimeError("strategy returned an already-labeled or duplicate sample")
+        return Proposal(pool_idx, chosen, outputs, sel, t1 - t0, t2 - t1)
+
+    def set_labels(self, indices: torch.Tensor, labels: torch.Tensor) -> None:
+        """Replace the labeled target set by ``indices`` with class ids ``labels`` (e.g. labels
+        that exist before training starts); the streams start a new pass."""
+        indices, labels = torch.as_tensor(indices).long(), torch.as_tensor(labels).long()
+        if len(indices) and (labels.min() < 0 or labels.max() >= self.task.target.num_classes):
+            raise ValueError(f"labels must lie in [0, {self.task.target.num_classes})")
+        self.labeled_mask.zero_()
+        self.target_labels.fill_(-1)
+        self.labeled_mask[indices] = True
+        self.target_labels[indices] = labels
+        self.labeled_stream.set_indices(torch.nonzero(self.labeled_mask).squeeze(1))
+        self.unlabeled_stream.set_indices(torch.nonzero(~self.labeled_mask).squeeze(1))
+
+    def select_round(self, r: int, epoch: int, budget: int) -> dict[str, Any]:
+        """Score the unlabeled pool, select, ask the oracle, move samples to the labeled set."""
+        a = self.cfg.active
+        prop = self.last_proposal = self.propose(budget)
+        chosen, outputs, sel = prop.chosen, prop.outputs, prop.selection
+        pool_idx = prop.pool_idx
         labels = torch.from_numpy(self.oracle.label(chosen.numpy()))
         self.labeled_mask[chosen] = True
         self.target_labels[chosen] = labels
@@ -314,8 +418,8 @@ class ActiveDATrainer:
             "selected": chosen.tolist(),
             "selected_labels": labels.tolist(),
             "selected_error_rate": float(100 * (pred != labels).double().mean()),
-            "scoring_seconds": t1 - t0,
-            "selection_seconds": t2 - t1,
+            "scoring_seconds": prop.scoring_seconds,
+            "selection_seconds": prop.selection_seconds,
             "selection_info": sel.info,
             "pool_mean_free_energy": float(outputs.get_free_energy().mean()),
         }
@@ -324,16 +428,71 @@ class ActiveDATrainer:
     def evaluate(self) -> dict[str, Any]:
         """Metrics on the whole target (transductive, as the paper) and the held-out split."""
         bs = self.cfg.train.eval_batch_size
-        out: dict[str, Any] = {"target": evaluate(self.model, self.task.target, bs, self.device)}
+        target = self.task.target
+        e = predict_energies(self.model, target, None, bs, self.device)  # one pass, reused below
+        out: dict[str, Any] = {"target": domain_metrics(e, target.y, target.num_classes)}
         if self.task.heldout is not None:
             out["heldout"] = evaluate(self.model, self.task.heldout, bs, self.device)
         unl = torch.nonzero(~self.labeled_mask).squeeze(1)
-        if 0 < len(unl) < len(self.task.target):
-            e = predict_energies(self.model, self.task.target, unl, bs, self.device)
-            out["target_unlabeled"] = accuracy_metrics(
-                e, self.task.target.y[unl], self.task.target.num_classes
-            )
+        if 0 < len(unl) < len(target):
+            out["target_unlabeled"] = accuracy_metrics(e[unl], target.y[unl], target.num_classes)
         return out
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly where the trainer stands: model, optimiser,
+        ``Delta`` estimator, the strategy's and the batch streams' random states, the global
+        torch CPU random state, the streams' positions, the labeled set and (when called from an
+        ``epoch_end`` callback inside :meth:`run`) the progress: last finished epoch and the
+        measurements so far. Only tensors and plain values (random states and measurements as
+        JSON text), so ``torch.load(path, weights_only=True)`` reads a saved copy back."""
+        prog = self._run_state
+        progress = None
+        if prog is not None:
+            progress = json.dumps(
+                {**prog, "result": prog["result"].to_dict()}, default=_json_default
+            )
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "delta": json.dumps(self.delta.state_dict()),
+            "strategy_rng": json.dumps(self.strategy_rng.bit_generator.state),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "streams": {
+                "source": self.source_stream.state_dict(),
+                "unlabeled": self.unlabeled_stream.state_dict(),
+                "labeled": self.labeled_stream.state_dict(),
+            },
+            "labeled_mask": self.labeled_mask.clone(),
+            "target_labels": self.target_labels.clone(),
+            "progress": progress,
+            "aux": self.aux.state_dict() if self.aux is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], progress: bool = True) -> None:
+        """Restore what :meth:`state_dict` returned. With ``progress`` (and progress saved), the
+        next :meth:`run` continues after the saved epoch with the saved measurements; without,
+        it starts a new schedule from the restored model, optimiser and random states."""
+        if state["labeled_mask"].shape != self.labeled_mask.shape:
+            raise ValueError(
+                f"checkpoint holds a target set of {state['labeled_mask'].shape[0]} samples, "
+                f"this task has {self.labeled_mask.shape[0]}"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.delta.load_state_dict(json.loads(state["delta"]))
+        self.strategy_rng.bit_generator.state = json.loads(state["strategy_rng"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.source_stream.load_state_dict(state["streams"]["source"])
+        self.unlabeled_stream.load_state_dict(state["streams"]["unlabeled"])
+        self.labeled_stream.load_state_dict(state["streams"]["labeled"])
+        self.labeled_mask.copy_(state["labeled_mask"])
+        self.target_labels.copy_(state["target_labels"])  # in place: the stream shares it
+        self._resume = json.loads(state["progress"]) if progress and state["progress"] else None
+        if self.aux is not None and state.get("aux") is not None:
+            self.aux.load_state_dict(state["aux"])
 
     # -- the run ----------------------------------------------------------------------------
     def run(self, progress: Callable[[str], None] | None = None) -> RunResult:
@@ -345,7 +504,13 @@ class ActiveDATrainer:
         steps = self.steps_per_epoch()
         open_round: dict[str, Any] | None = None
         best: dict[str, Any] | None = None
-        for epoch in range(1, cfg.train.epochs + 1):
+        first_epoch = 1
+        if self._resume is not None:  # continue after the epoch a checkpoint ended with
+            first_epoch, best = self._resume["epoch"] + 1, self._resume["best"]
+            result = RunResult(**{**self._resume["result"], "plan": self.plan})
+            open_round = result.rounds[-1] if self._resume["open_round"] else None
+            self._resume = None
+        for epoch in range(first_epoch, cfg.train.epochs + 1):
             sums: dict[str, float] = {}
             for _ in range(steps):
                 for k, v in self.train_step().items():
@@ -379,6 +544,12 @@ class ActiveDATrainer:
                     open_round = rec
                     self._emit("after_round", rec)
             result.history.append(record)
+            self._run_state = {
+                "epoch": epoch,
+                "result": result,
+                "best": best,
+                "open_round": open_round is not None,
+            }
             self._emit("epoch_end", record)
             if progress is not None:
                 acc_s = (
@@ -400,3 +571,12 @@ class ActiveDATrainer:
         result.labeled_indices = torch.nonzero(self.labeled_mask).squeeze(1).tolist()
         result.seconds = time.perf_counter() - start
         return result
+
+
+def _json_default(value: Any) -> Any:
+    """JSON for numpy scalars and arrays found in measurements."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return value.tolist()
+    raise TypeError(f"cannot store {type(value).__name__} in a checkpoint's progress")
