@@ -172,3 +172,17 @@ def test_reference_rule_plan_matches_two_ceilings() -> None:
     tr = ActiveDATrainer(cfg, load_task(cfg.data, 0))
     # n1 = ceil(0.5 * 1000) = 500 of the whole target set; n2 = ceil(500 * 0.01 / 0.5) = 10
     assert [(p["stage1"], p["budget"]) for p in tr.plan] == [(500, 10)] * 3
+
+
+def test_scoring_passes_report_batch_progress() -> None:
+    from eada.data.batches import report_batches
+    from eada.train.evaluate import predict_energies, score_pool
+
+    tr = _trainer()
+    seen: list[tuple[int, int]] = []
+    with report_batches(lambda done, total: seen.append((done, total))):
+        predict_energies(tr.model, tr.task.target, None, batch_size=300)
+        score_pool(tr.model, tr.task.target, torch.arange(500), ("free_energy",), batch_size=200)
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4), (1, 3), (2, 3), (3, 3)]
+    predict_energies(tr.model, tr.task.target, None, batch_size=300)
+    assert len(seen) == 7  # no reporting outside the block

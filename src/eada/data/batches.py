@@ -9,13 +9,37 @@ memory when ``domain.pin_memory``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from eada.data.base import TensorDomain
+
+BatchCallback = Callable[[int, int], None]
+_ON_BATCH: ContextVar[BatchCallback | None] = ContextVar("eada_on_batch", default=None)
+
+
+@contextmanager
+def report_batches(callback: BatchCallback) -> Iterator[None]:
+    """Within the block, every :func:`iterate_inputs` pass calls ``callback(done, total)``
+    after each batch (progress bars for scoring, evaluation and feature extraction).
+
+    >>> seen = []
+    >>> d = TensorDomain("d", torch.zeros(5, 1), torch.zeros(5))
+    >>> with report_batches(lambda done, total: seen.append((done, total))):
+    ...     _ = list(iterate_inputs(d, chunks(torch.arange(5), 2)))
+    >>> seen
+    [(1, 3), (2, 3), (3, 3)]
+    """
+    token = _ON_BATCH.set(callback)
+    try:
+        yield
+    finally:
+        _ON_BATCH.reset(token)
 
 
 def iterate_inputs(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
@@ -25,9 +49,13 @@ def iterate_inputs(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tor
     >>> [x.flatten().tolist() for x in iterate_inputs(d, [torch.tensor([4, 1])])]
     [[4.0, 1.0]]
     """
+    on_batch = _ON_BATCH.get()
+    total = len(batches)
     if isinstance(domain, TensorDomain):
-        for b in batches:
+        for i, b in enumerate(batches):
             yield domain.x[b]
+            if on_batch is not None:
+                on_batch(i + 1, total)
         return
     if not batches:
         return
@@ -37,8 +65,10 @@ def iterate_inputs(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tor
         num_workers=int(getattr(domain, "workers", 0)),
         pin_memory=bool(getattr(domain, "pin_memory", False)),
     )
-    for x, _ in loader:
+    for i, (x, _) in enumerate(loader):
         yield x
+        if on_batch is not None:
+            on_batch(i + 1, total)
 
 
 def chunks(indices: torch.Tensor, batch_size: int) -> list[torch.Tensor]:

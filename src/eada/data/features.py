@@ -206,15 +206,32 @@ def extract_features(
     Conv nets run in ``channels_last`` memory format (faster on CPU and GPU); on CUDA under
     bfloat16 autocast, the output cast back to float32.
     """
-    from eada.data.batches import chunks, iterate_inputs
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from eada.data.batches import chunks, iterate_inputs, report_batches
 
     dev = torch.device(device)
     backbone = backbone.to(dev).to(memory_format=torch.channels_last).eval()
     out = []
-    for x in iterate_inputs(domain, chunks(torch.arange(len(domain)), batch_size)):
-        x = x.to(dev, non_blocking=True).contiguous(memory_format=torch.channels_last)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            out.append(backbone(x).float().cpu())
+    console = Console(stderr=True)
+    # a bar with ETA on a terminal; nothing at all when stderr is not one (logs, CI)
+    bar = Progress(
+        "  extracting features",
+        BarColumn(),
+        MofNCompleteColumn(),
+        "left",
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+        transient=True,
+    )
+    task = bar.add_task("features", total=None)
+    with bar, report_batches(lambda done, total: bar.update(task, total=total, completed=done)):
+        for x in iterate_inputs(domain, chunks(torch.arange(len(domain)), batch_size)):
+            x = x.to(dev, non_blocking=True).contiguous(memory_format=torch.channels_last)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                out.append(backbone(x).float().cpu())
     return torch.cat(out)
 
 

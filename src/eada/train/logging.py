@@ -36,6 +36,7 @@ from rich.progress import (
 )
 
 from eada import energy as energy_ops
+from eada.data.batches import report_batches
 from eada.train.evaluate import predict_energies
 
 if TYPE_CHECKING:
@@ -106,11 +107,17 @@ class ProgressBars:
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             assert self.progress is not None
-            task = self.progress.add_task(f"  {what}", total=None)
+            progress = self.progress
+            task = progress.add_task(f"  {what}", total=None)
+
+            def on_batch(done: int, total: int) -> None:  # ETA once the batch count is known
+                progress.update(task, total=total, completed=done)
+
             try:
-                return fn(*args, **kwargs)
+                with report_batches(on_batch):
+                    return fn(*args, **kwargs)
             finally:
-                self.progress.remove_task(task)
+                progress.remove_task(task)
 
         return wrapped
 
