@@ -48,7 +48,9 @@ def backbone_normalization(model: ModelConfig, name: str) -> Normalization:
 
             pcfg = timm.models.get_pretrained_cfg(model.backbone.removeprefix("timm:"))
             if pcfg is not None:
-                return Normalization(model.backbone, tuple(pcfg.mean), tuple(pcfg.std))  # type: ignore[arg-type]
+                m = [float(v) for v in pcfg.mean]
+                sd = [float(v) for v in pcfg.std]
+                return Normalization(model.backbone, (m[0], m[1], m[2]), (sd[0], sd[1], sd[2]))
         except ImportError:
             pass
     return normalization_for(model.backbone, name)
