@@ -23,6 +23,16 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def check_rounds(v: list[int], unit: str, lower: str) -> list[int]:
+    """Validate a round schedule: strictly increasing ``unit`` counts, the first >= 1
+    (``lower`` names that bound in the error)."""
+    if sorted(set(v)) != v:
+        raise ValueError(f"rounds_at must be strictly increasing {unit}, got {v}")
+    if v and v[0] < 1:
+        raise ValueError(f"rounds_at are {lower}, got {v}")
+    return v
+
+
 class ToyData(_Strict):
     """The paper's toy example (Fig. 5): two 2-D Gaussian classes, the target a rotation.
 
@@ -208,11 +218,7 @@ class ActiveConfig(_Strict):
     @field_validator("rounds_at")
     @classmethod
     def _rounds(cls, v: list[int]) -> list[int]:
-        if sorted(set(v)) != v:
-            raise ValueError(f"rounds_at must be strictly increasing epochs, got {v}")
-        if v and v[0] < 1:
-            raise ValueError(f"rounds_at are 1-based epochs, got {v}")
-        return v
+        return check_rounds(v, "epochs", "1-based epochs")
 
     @property
     def enabled(self) -> bool:

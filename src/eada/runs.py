@@ -23,24 +23,16 @@ def git_commit(path: Path | None = None) -> dict[str, Any]:
     Looks at the current directory first, then at the package's own source tree; ``None``
     values when neither is inside a git repository.
     """
+
+    def git(where: Path, *args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+
     for where in (path or Path.cwd(), Path(__file__).resolve().parent):
         try:
-            commit = subprocess.run(
-                ["git", "rev-parse", "HEAD"],
-                cwd=where,
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout.strip()
-            dirty = subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"],
-                cwd=where,
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout.strip()
+            commit = git(where, "rev-parse", "HEAD")
+            dirty = git(where, "status", "--porcelain", "--untracked-files=no")
             return {"commit": commit, "dirty": bool(dirty)}
         except (OSError, subprocess.SubprocessError):
             continue

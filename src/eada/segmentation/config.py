@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eada.config import ConfigError, apply_overrides
+from eada.config import ConfigError, apply_overrides, check_rounds
 from eada.strategies import STRATEGIES
 
 #: image-level scores a segmentation strategy may ask for (no per-image ``(C,)`` energies exist)
@@ -202,11 +202,7 @@ class SegActiveConfig(_Strict):
     @field_validator("rounds_at")
     @classmethod
     def _rounds(cls, v: list[int]) -> list[int]:
-        if sorted(set(v)) != v:
-            raise ValueError(f"rounds_at must be strictly increasing iterations, got {v}")
-        if v and v[0] < 1:
-            raise ValueError(f"rounds_at are iteration counts >= 1, got {v}")
-        return v
+        return check_rounds(v, "iterations", "iteration counts >= 1")
 
     @property
     def enabled(self) -> bool:
