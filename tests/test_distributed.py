@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -13,8 +14,11 @@ import pytest
 import torch
 
 from eada import energy
+from eada.data.tasks import load_task
 from eada.distributed import shard, stream_scores
+from eada.hparams import preset_config
 from eada.strategies import PoolOutputs, get_strategy
+from eada.train import ActiveDATrainer
 
 
 def test_shard_partitions_exactly() -> None:
@@ -46,6 +50,31 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _torchrun(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc_per_node 2`` on the loopback device (gloo, CPU)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        *args,
+    ]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def trainer_for(method: str, extra: list[str] | None = None) -> ActiveDATrainer:
+    """A short toy run (2 epochs, one round) of ``method``; the same on every rank."""
+    cfg = preset_config(
+        "toy", method, 0, ["train.epochs=3", "active.rounds_at=[1,2]", *(extra or [])]
+    )
+    return ActiveDATrainer(cfg, load_task(cfg.data, 0))
 
 
 def _pool(n: int = 2003, c: int = 7, d: int = 5) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -89,19 +118,7 @@ def test_two_gloo_processes_select_exactly_the_single_process_set(tmp_path: Path
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(tests=str(Path(__file__).parent), out=str(tmp_path)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(_free_port()),
-        str(script),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = _torchrun([str(script)], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     model, x = _pool()
     with torch.no_grad():
@@ -115,3 +132,87 @@ def test_two_gloo_processes_select_exactly_the_single_process_set(tmp_path: Path
     np.testing.assert_array_equal(r0, single)
     np.testing.assert_array_equal(r1, single)
     np.testing.assert_array_equal(np.load(tmp_path / "f0.npy"), np.load(tmp_path / "f1.npy"))
+
+
+TRAINER_WORKER = """
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, {tests!r})
+from test_distributed import trainer_for
+from eada.distributed import setup, teardown
+
+rank, world = setup("gloo")
+out = {{"world": world}}
+for method in ("eada", "coreset", "badge", "aada"):
+    out[method] = trainer_for(method).propose(12).chosen.tolist()
+tr = trainer_for("eada", ["train.forward=fused"])
+res = tr.run()
+out["labeled"] = res.labeled_indices
+out["rounds"] = [r["selected"] for r in res.rounds[1:]]
+out["params"] = [float(p.double().sum()) for p in tr.model.parameters()]
+out["accuracy"] = res.final["last_epoch"]["target"]["accuracy"]
+out["delta"] = res.final["delta"]
+Path({out!r}, f"rank{{rank}}.json").write_text(json.dumps(out))
+teardown()
+"""
+
+
+def test_distributed_trainer_selects_the_single_process_set_and_trains(tmp_path: Path) -> None:
+    """Through the trainer: with 2 gloo processes the sharded scoring + rank-0 selection picks
+    exactly what one process picks (4 strategies, from pool scores, embeddings, a training
+    component); then a short DDP run (fused forward, 2 rounds) ends with the same labeled set,
+    parameters, metrics and Delta on both ranks."""
+    script = tmp_path / "worker.py"
+    script.write_text(TRAINER_WORKER.format(tests=str(Path(__file__).parent), out=str(tmp_path)))
+    proc = _torchrun([str(script)], {**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["world"] == 2
+    for method in ("eada", "coreset", "badge", "aada"):
+        single = trainer_for(method).propose(12).chosen.tolist()
+        assert r0[method] == single, method
+        assert r1[method] == single, method
+    assert r0["labeled"] == r1["labeled"] and len(r0["labeled"]) == 40
+    assert r0["rounds"] == r1["rounds"]
+    assert r0["params"] == r1["params"]  # DDP kept the replicas identical
+    assert r0["accuracy"] == r1["accuracy"] and r0["delta"] == r1["delta"]
+    assert r0["accuracy"] > 80.0  # the toy task is learnt
+
+
+def test_torchrun_cli_run_writes_one_record(tmp_path: Path) -> None:
+    """``torchrun -m eada.cli run``: both ranks train, rank 0 alone writes the records."""
+    out = tmp_path / "run"
+    proc = _torchrun(
+        [
+            "-m",
+            "eada.cli",
+            "run",
+            "toy",
+            "--set",
+            "train.epochs=3",
+            "--set",
+            "active.rounds_at=[1,2]",
+            "--out",
+            str(out),
+        ],
+        {**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (out / "runs.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    run = json.loads(lines[0])
+    assert len(run["results"]["labeled_indices"]) == 40
+    assert json.loads((out / "meta.json").read_text())["world_size"] == 2
+    assert "distributed training: 2 processes (gloo)" in proc.stdout + proc.stderr
+
+
+def test_only_run_is_distributed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from eada.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["bench", "toy", "--out", str(tmp_path / "b")]) == 2
+    assert not (tmp_path / "b").exists()

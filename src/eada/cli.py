@@ -78,7 +78,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from eada.segmentation.config import is_segmentation_config
 
     if is_segmentation_config(args.config):  # `task: segmentation` -> eada.segmentation
+        from eada.distributed import launched_distributed
         from eada.segmentation.cli import run_segmentation_command
+
+        if launched_distributed():
+            raise ConfigError("segmentation runs train in one process; launch without torchrun")
 
         return run_segmentation_command(args, console, _log)
     seeds = parse_seeds(args.seeds)
@@ -99,8 +103,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.print("config valid; no data touched (--dry-run)")
         return 0
     out = Path(args.out) if args.out else Path("runs") / cfg.name.replace("/", "_")
+    from eada import distributed
     from eada.train.logging import run_callbacks
 
+    if distributed.launched_distributed():  # torchrun: join the group; rank 0 reports
+        rank, world = distributed.setup()
+        if rank == 0:
+            _log(f"distributed training: {world} processes ({distributed.backend_name()})")
     summary = run_seeds(
         lambda s: configs[s],
         seeds,
@@ -108,6 +117,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         progress=_log,
         make_callbacks=lambda s: run_callbacks(s, err_console, args.tensorboard),
     )
+    if distributed.is_distributed():
+        distributed.teardown()
+    if not summary:  # a rank other than 0: rank 0 prints and writes
+        return 0
     table = Table(
         title=f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {len(seeds)} seeds)"
     )
@@ -251,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``eada`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
+        from eada.distributed import launched_distributed
+
+        if launched_distributed() and args.func is not _cmd_run:
+            raise ConfigError(
+                "under torchrun only `eada run` is distributed; run this command in one process"
+            )
         code: Any = args.func(args)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         err_console.print(f"[bold red]error:[/] {err}", highlight=False)

@@ -159,7 +159,13 @@ class TrainConfig(_Strict):
     """Training: ``loss = delta_s*NLL(S) + delta_t*NLL(T_l) + gamma*mean(max(0, F(x_t)-Delta))``.
 
     One epoch = ``max(#source batches, #unlabeled-target batches)`` steps (the reference code's
-    definition); the shorter stream restarts with a new shuffle.
+    definition); the shorter stream restarts with a new shuffle. ``batch_size`` is per process:
+    under ``torchrun`` with ``W`` processes a step sees ``W x batch_size`` samples a stream.
+
+    ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``
+    one pass over the concatenated batches with per-stream batch norm (same maths, see
+    :mod:`eada.train.forward`). ``amp``: bfloat16 autocast on CUDA. ``channels_last``: the
+    channels-last memory format for convolutional models.
     """
 
     epochs: int = Field(10, ge=1)
@@ -173,6 +179,8 @@ class TrainConfig(_Strict):
     eval_every: int = Field(1, ge=1)
     eval_batch_size: int = Field(512, ge=1)
     amp: bool = True  # bfloat16 autocast of the forward passes, on CUDA only
+    forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
+    channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
 
 
 class ActiveConfig(_Strict):

@@ -6,6 +6,11 @@ core must not depend on one, DDP is what Lightning Fabric would wrap anyway, and
 are specific to active learning (shard the pool, gather per-sample scores in pool order, select
 ONCE, broadcast the choice) are collective calls that a framework does not provide.
 
+Distributed training (``torchrun --nproc-per-node W -m eada.cli run CONFIG``): the CLI calls
+:func:`setup`; :class:`eada.train.ActiveDATrainer` then wraps its step module in
+``DistributedDataParallel``, shards the batches, evaluation and pool scoring, and selects on
+rank 0 only (see :mod:`eada.train.loop`); rank 0 alone writes the run records.
+
 Protocol of a distributed round (every rank calls the same functions):
 
 1. :func:`shard` gives each rank a contiguous slice of the unlabeled pool;
@@ -20,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,6 +67,18 @@ def setup(backend: str | None = None, timeout_s: float = 300.0) -> tuple[int, in
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     return rank_world()
+
+
+def backend_name() -> str:
+    """The process group's backend (``gloo``/``nccl``), or ``none``."""
+    return str(dist.get_backend()) if is_distributed() else "none"
+
+
+def teardown() -> None:
+    """Wait for every rank, then leave the process group (no-op without one)."""
+    if is_distributed():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def shard(n: int, rank: int, world: int) -> slice:
@@ -109,27 +127,85 @@ def stream_scores(
     return np.concatenate(fs), np.concatenate(us)
 
 
-def gather_scores(local: np.ndarray, n_total: int) -> np.ndarray:
-    """All-gather each rank's contiguous shard of a per-sample score vector into pool order.
+def _device() -> torch.device:
+    """Where the backend's tensors live: the current CUDA device for nccl, else the CPU."""
+    return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
 
-    Every rank gets the full ``(n_total,)`` vector. Works with gloo and nccl (tensors are
-    padded to the largest shard and moved to the backend's device)."""
+
+def gather_rows(local: np.ndarray, n_total: int) -> np.ndarray:
+    """All-gather each rank's contiguous shard (see :func:`shard`) of a per-sample array
+    ``(n_r, ...)`` into pool order ``(n_total, ...)``; every rank gets the whole array.
+
+    Keeps the dtype (float32 energies, int32 predictions, ...). Works with gloo and nccl: the
+    shards are padded to the largest one and moved to the backend's device. Shapes and dtypes
+    are exchanged first, so a rank with an empty shard still agrees with the others."""
     rank, world = rank_world()
+    local = np.ascontiguousarray(local)
     if world == 1:
         if len(local) != n_total:
-            raise ValueError(f"local scores have {len(local)} rows, expected {n_total}")
+            raise ValueError(f"local rows: {len(local)}, expected {n_total}")
         return local
     sizes = [shard(n_total, r, world).stop - shard(n_total, r, world).start for r in range(world)]
     if len(local) != sizes[rank]:
-        raise ValueError(f"rank {rank} holds {len(local)} scores, its shard has {sizes[rank]}")
-    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
-    width = max(sizes)
-    buf = torch.zeros(width, dtype=torch.float64, device=device)
-    buf[: len(local)] = torch.from_numpy(np.asarray(local, dtype=np.float64)).to(device)
+        raise ValueError(f"rank {rank} holds {len(local)} rows, its shard has {sizes[rank]}")
+    metas: list[Any] = [None] * world
+    dist.all_gather_object(metas, (local.shape[1:], local.dtype.str, len(local)))
+    ref = next((m for m in metas if m[2] > 0), metas[0])
+    trailing, dtype = tuple(ref[0]), np.dtype(ref[1])
+    if any(m[2] > 0 and (tuple(m[0]), m[1]) != (trailing, ref[1]) for m in metas):
+        raise ValueError(f"ranks disagree on the row shape or dtype: {metas}")
+    if len(local) == 0:
+        local = np.empty((0, *trailing), dtype=dtype)
+    device = _device()
+    buf = torch.zeros((max(sizes), *trailing), dtype=torch.from_numpy(local[:0]).dtype)
+    buf = buf.to(device)
+    buf[: len(local)] = torch.from_numpy(local).to(device)
     parts = [torch.empty_like(buf) for _ in range(world)]
     dist.all_gather(parts, buf)
-    out = torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]).cpu().numpy()
-    return out.astype(local.dtype, copy=False)
+    return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]).cpu().numpy()
+
+
+def gather_scores(local: np.ndarray, n_total: int) -> np.ndarray:
+    """All-gather each rank's contiguous shard of a per-sample score vector into pool order
+    (:func:`gather_rows` for ``(n_r,)`` vectors)."""
+    return gather_rows(local, n_total)
+
+
+def all_mean(value: torch.Tensor) -> torch.Tensor:
+    """The mean of a scalar tensor over all ranks (itself without a process group)."""
+    if not is_distributed():
+        return value
+    t = value.detach().reshape(1).to(_device(), torch.float64)
+    dist.all_reduce(t)
+    return (t / dist.get_world_size()).to(value.device, value.dtype).reshape(value.shape)
+
+
+def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
+    """Average the gradients of ``params`` over all ranks in place (for parameters outside the
+    DDP-wrapped model, e.g. a baseline's domain discriminator). A parameter without a gradient
+    counts as zero; every rank must pass the same parameters in the same order."""
+    if not is_distributed():
+        return
+    world = dist.get_world_size()
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad)
+        p.grad.div_(world)
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s picklable ``obj`` on every rank (``obj`` itself without a process group)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src)
+    return box[0]
+
+
+def launched_distributed() -> bool:
+    """Whether this process was started by ``torchrun`` with more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def broadcast_indices(indices: np.ndarray | None, src: int = 0) -> np.ndarray:
@@ -139,7 +215,7 @@ def broadcast_indices(indices: np.ndarray | None, src: int = 0) -> np.ndarray:
         if indices is None:
             raise ValueError("single process: indices must be given")
         return np.asarray(indices, dtype=np.int64)
-    device = torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = _device()
     n = torch.tensor([len(indices) if rank == src and indices is not None else 0], device=device)
     dist.broadcast(n, src)
     buf = torch.empty(int(n.item()), dtype=torch.int64, device=device)

@@ -17,6 +17,7 @@ from typing import Any
 
 from eada.config import ExperimentConfig
 from eada.data.tasks import Task, load_task
+from eada.distributed import broadcast_object, rank_world
 from eada.runs import append_jsonl, environment_info, read_jsonl, summarize, write_json
 from eada.train import ActiveDATrainer
 from eada.train.loop import Callback
@@ -103,22 +104,35 @@ def run_seeds(
 ) -> dict[str, Any]:
     """Run ``make_config(seed)`` for every seed, appending each finished run to
     ``runs.jsonl``; seeds already there are not run again (resume after an interruption).
-    ``make_callbacks(seed)`` gives each run its trainer callbacks (progress bars, TensorBoard)."""
+    ``make_callbacks(seed)`` gives each run its trainer callbacks (progress bars, TensorBoard).
+
+    Under ``torchrun`` every rank trains; rank 0 alone decides which seeds remain, writes the
+    records and returns the summary (the other ranks return ``{}``)."""
     configs = {s: make_config(s) for s in seeds}  # validate every config before any work
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "config.json", configs[seeds[0]].resolved())
-    write_json(out_dir / "meta.json", environment_info())
+    rank, world = rank_world()
     log = out_dir / "runs.jsonl"
-    done = {r["seed"]: r for r in read_jsonl(log)}
-    for seed in seeds:
-        if seed in done:
-            continue
-        if progress:
+    done: dict[int, Any] = {}
+    if rank == 0:  # under torchrun only rank 0 reads and writes the records
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "config.json", configs[seeds[0]].resolved())
+        write_json(out_dir / "meta.json", {**environment_info(), "world_size": world})
+        done = {r["seed"]: r for r in read_jsonl(log)}
+    todo = broadcast_object([s for s in seeds if s not in done])
+    for seed in todo:
+        if progress and rank == 0:
             progress(f"seed {seed}")
-        cbs = make_callbacks(seed) if make_callbacks else None
-        run = run_once(configs[seed], callbacks=cbs, progress=progress)
-        append_jsonl(log, run)
+        cbs = make_callbacks(seed) if make_callbacks and rank == 0 else None
+        run = run_once(
+            configs[seed],
+            callbacks=cbs,
+            progress=progress if rank == 0 else None,
+            record_stats=rank == 0,
+        )
+        if rank == 0:
+            append_jsonl(log, run)
         done[seed] = run
+    if rank != 0:
+        return {}
     runs = [done[s] for s in seeds]
     summary = {
         "name": configs[seeds[0]].name,

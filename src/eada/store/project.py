@@ -441,8 +441,7 @@ class Project:
             arr = np.asarray(v)
             if arr.shape == (len(pool),):
                 scores[k] = arr
-        assert prop.outputs.energies is not None
-        pred = prop.outputs.energies.argmin(axis=1)
+        pred = prop.outputs.get_predictions()
         rows = [
             (
                 target_ids[pos],

@@ -50,6 +50,9 @@ class PoolOutputs:
         labeled_embeddings: ``(L, D)`` features of the LABELED target samples (``L`` may be 0),
             for diversity strategies (CoreSet, DBAL); not part of the pool.
         source_embeddings: ``(M, D)`` features of the source samples (DBAL); not part of the pool.
+        predictions: ``(N,)`` predicted classes ``argmin_y E(x, y)`` (integers), or ``None``
+            (derived from ``energies``); lets a streaming scorer report the model's error on
+            the selected samples without keeping the ``(N, C)`` energies.
     """
 
     energies: np.ndarray | None = None
@@ -60,8 +63,20 @@ class PoolOutputs:
     extra: dict[str, np.ndarray] = field(default_factory=dict)
     labeled_embeddings: np.ndarray | None = None
     source_embeddings: np.ndarray | None = None
+    predictions: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.predictions is not None:
+            pred = np.asarray(
+                self.predictions.detach().cpu()
+                if isinstance(self.predictions, torch.Tensor)
+                else self.predictions
+            )
+            if pred.ndim != 1 or not np.issubdtype(pred.dtype, np.integer):
+                raise ValueError(
+                    f"predictions must be (N,) integers, got {pred.dtype} of shape {pred.shape}"
+                )
+            self.predictions = pred
         for name in ("energies", "free_energy", "mvsm", "embeddings"):
             value = getattr(self, name)
             if value is None:
@@ -104,7 +119,7 @@ class PoolOutputs:
             setattr(self, name, arr)
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        names = ("energies", "free_energy", "mvsm", "embeddings")
+        names = ("energies", "free_energy", "mvsm", "embeddings", "predictions")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     def __len__(self) -> int:
@@ -153,6 +168,13 @@ class PoolOutputs:
             e = torch.from_numpy(self.require_energies("MvSM"))
             self.mvsm = energy_ops.mvsm(e).numpy()
         return self.mvsm
+
+    def get_predictions(self) -> np.ndarray:
+        """Predicted class ``argmin_y E(x, y)`` of every pool sample (from the energies if not
+        given)."""
+        if self.predictions is None:
+            self.predictions = self.require_energies("predictions").argmin(axis=1).astype(np.int64)
+        return self.predictions
 
     def probabilities(self, strategy: str) -> np.ndarray:
         """Class posteriors ``p(y|x) = softmax(-E(x, .))``."""

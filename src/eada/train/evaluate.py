@@ -83,14 +83,15 @@ def score_pool(
 ) -> PoolOutputs:
     """One eval-mode pass over the pool, keeping only what the strategy ``needs``.
 
-    A strategy that needs only ``free_energy``/``mvsm`` gets two floats a sample, never the
-    ``(N, C)`` energies; ``energies`` and ``embeddings`` are kept only when asked for.
+    A strategy that needs only ``free_energy``/``mvsm`` gets two float32 a sample (plus the
+    int32 predicted class, for the error rate of the selected samples), never the ``(N, C)``
+    energies; ``energies`` and ``embeddings`` are kept only when asked for.
     Inputs come in the domain's ``score`` view (image domains: the scoring transform).
     """
     model.eval()
     keep_e = "energies" in needs
     keep_z = "embeddings" in needs
-    f, u, es, zs = [], [], [], []
+    f, u, p, es, zs = [], [], [], [], []
     for x in iterate_inputs(domain.view("score"), chunks(indices, batch_size)):
         x = x.to(device)
         if keep_z and isinstance(model, EnergyNet):
@@ -101,6 +102,7 @@ def score_pool(
             e = model(x).float()
         f.append(energy_ops.free_energy(e).cpu())
         u.append(energy_ops.mvsm(e).cpu())
+        p.append(e.argmin(dim=1).to(torch.int32).cpu())
         if keep_e:
             es.append(e.cpu())
     cat = (lambda xs: torch.cat(xs).numpy()) if len(indices) else (lambda xs: np.empty(0))
@@ -109,6 +111,7 @@ def score_pool(
         free_energy=cat(f),
         mvsm=cat(u),
         embeddings=cat(zs) if keep_z else None,
+        predictions=cat(p) if len(indices) else np.empty(0, np.int32),
         n_target=len(domain),
     )
 

@@ -7,6 +7,15 @@ choice, so batch norm sees each stream on its own):
 * an unlabeled-target batch -> ``gamma * mean(max(0, F(x_t) - Delta))`` (skipped when gamma = 0);
 * a labeled-target batch, once labels exist -> ``delta_t * NLL`` (a batch of one is duplicated).
 
+``train.forward: fused`` runs the three batches as one pass with per-stream batch norm
+(:mod:`eada.train.forward`).
+
+Distributed (launched by ``torchrun``, :mod:`eada.distributed`): the step module is wrapped in
+``DistributedDataParallel``; each rank draws its own part of every global batch (the same
+shuffle everywhere, ``W x batch_size`` samples a stream and step); ``Delta`` folds in the mean
+over ranks; evaluation and pool scoring are sharded and gathered; rank 0 selects and broadcasts
+the choice, so every rank holds the same labeled set.
+
 At the END of every epoch listed in ``active.rounds_at`` the current model scores the unlabeled
 pool, the strategy picks a batch, the oracle labels it, and those samples move from the
 unlabeled pool to the labeled set at once. Every round records the selection, its timing, the
@@ -26,6 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from eada import distributed as dist_ops
 from eada import energy as energy_ops
 from eada.config import ExperimentConfig, OptimConfig
 from eada.data.base import TensorDomain
@@ -44,10 +54,10 @@ from eada.train.aux import build_aux, complete_pool_outputs
 from eada.train.evaluate import (
     accuracy_metrics,
     domain_metrics,
-    evaluate,
     predict_energies,
     score_pool,
 )
+from eada.train.forward import StepForward
 from eada.train.oracle import Oracle, SimulatedOracle
 
 Callback = Callable[[str, "ActiveDATrainer", dict[str, Any]], None]
@@ -94,6 +104,11 @@ class BatchStream:
     set as one batch; a batch of one sample is duplicated (batch norm needs two).
     A :class:`TensorDomain` is sliced in memory; any other dataset (image files) is read through
     a ``DataLoader`` over the pass's batches (``domain.workers`` processes, same order).
+
+    With ``world > 1`` (distributed training) every rank shuffles with the same generator and
+    takes its :func:`~eada.distributed.shard` of each global batch of ``world x batch_size``
+    samples, so the ranks see disjoint samples; a global batch smaller than ``2 x world`` (a
+    tiny labeled set) is used whole by every rank.
     """
 
     def __init__(
@@ -103,12 +118,15 @@ class BatchStream:
         batch_size: int,
         generator: torch.Generator,
         labels: torch.Tensor | None = None,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         self.domain = domain
         self.labels = domain.y if labels is None else labels
         self.indices = indices
         self.batch_size = batch_size
         self.generator = generator
+        self.rank, self.world = rank, world
         self._order = torch.empty(0, dtype=torch.long)
         self._pos = 0
         self._loaded: tuple[torch.Tensor, int, Any] | None = None  # (order, next start, iter)
@@ -122,7 +140,13 @@ class BatchStream:
     @property
     def batches_per_pass(self) -> int:
         """Batches in one pass over the set."""
-        return max(1, len(self.indices) // self.batch_size)
+        return max(1, len(self.indices) // (self.batch_size * self.world))
+
+    def _local(self, b: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a global batch (a batch of one duplicated)."""
+        if self.world > 1 and len(b) >= 2 * self.world:
+            b = b[dist_ops.shard(len(b), self.rank, self.world)]
+        return b.repeat(2) if len(b) == 1 else b
 
     def state_dict(self) -> dict[str, Any]:
         """The sampled set and the position in the current pass (for exact resumption)."""
@@ -139,14 +163,13 @@ class BatchStream:
         n = len(self.indices)
         if n == 0:
             raise RuntimeError(f"batch stream over {self.domain.name!r} is empty")
-        size = self.batch_size if n >= self.batch_size else n
+        full = self.batch_size * self.world
+        size = full if n >= full else n
         if self._pos + size > len(self._order):
             self._order = self.indices[torch.randperm(n, generator=self.generator)]
             self._pos = 0
-        b = self._order[self._pos : self._pos + size]
+        b = self._local(self._order[self._pos : self._pos + size])
         self._pos += size
-        if len(b) == 1:
-            b = b.repeat(2)
         if isinstance(self.domain, TensorDomain):
             return self.domain.x[b], self.labels[b]
         return self._load(self._pos - size, size), self.labels[b]
@@ -157,8 +180,10 @@ class BatchStream:
         ld = self._loaded
         if ld is None or ld[0] is not self._order or ld[1] != start:
             n_full = (len(self._order) - start) // size
-            rest = [self._order[start + k * size : start + (k + 1) * size] for k in range(n_full)]
-            rest = [b.repeat(2) if len(b) == 1 else b for b in rest]
+            rest = [
+                self._local(self._order[start + k * size : start + (k + 1) * size])
+                for k in range(n_full)
+            ]
             ld = (self._order, start, iterate_inputs(self.domain, rest))
         x = next(ld[2])
         self._loaded = (ld[0], start + size, ld[2])
@@ -239,7 +264,21 @@ class ActiveDATrainer:
             if model is not None
             else build_model(cfg.model, task.source.input_shape, task.source.num_classes)
         ).to(self.device)
+        if cfg.train.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
         self.optimizer = build_optimizer(cfg.optim, self.model)
+        self.rank, self.world = dist_ops.rank_world()
+        amp = self.device.type == "cuda" and cfg.train.amp
+        self.step_forward = StepForward(
+            self.model, cfg.train.forward, torch.bfloat16 if amp else None, cfg.train.channels_last
+        )
+        self._step: nn.Module = self.step_forward
+        if self.world > 1:  # one DDP forward call a step, whichever forward mode runs inside
+            from torch.nn.parallel import DistributedDataParallel
+
+            cuda = self.device.type == "cuda"
+            ids = [self.device.index or torch.cuda.current_device()] if cuda else None
+            self._step = DistributedDataParallel(self.step_forward, device_ids=ids)
         self.oracle: Oracle = oracle if oracle is not None else SimulatedOracle(task.target.y)
         self.delta = energy_ops.DeltaEstimator(
             cfg.train.delta_mode, cfg.train.delta_momentum, seed=cfg.seed + 1
@@ -249,11 +288,13 @@ class ActiveDATrainer:
         n_t = len(task.target)
         self.labeled_mask = torch.zeros(n_t, dtype=torch.bool)
         self.target_labels = torch.full((n_t,), -1, dtype=torch.long)
-        bs = cfg.train.batch_size
-        self.source_stream = BatchStream(task.source, torch.arange(len(task.source)), bs, gen)
-        self.unlabeled_stream = BatchStream(task.target, torch.arange(n_t), bs, gen)
+        bs, rk, w = cfg.train.batch_size, self.rank, self.world
+        self.source_stream = BatchStream(
+            task.source, torch.arange(len(task.source)), bs, gen, None, rk, w
+        )
+        self.unlabeled_stream = BatchStream(task.target, torch.arange(n_t), bs, gen, None, rk, w)
         self.labeled_stream = BatchStream(
-            task.target, torch.empty(0, dtype=torch.long), bs, gen, labels=self.target_labels
+            task.target, torch.empty(0, dtype=torch.long), bs, gen, self.target_labels, rk, w
         )
         self.generator = gen
         self.last_proposal: Proposal | None = None
@@ -299,47 +340,51 @@ class ActiveDATrainer:
         """One optimisation step over a source, an unlabeled and a labeled-target batch."""
         t = self.cfg.train
         dev = self.device
-        self.model.train()
+        self._step.train()
         xs, ys = self.source_stream.next()
-        e_s = self._forward(xs)
+        batches = [xs]
+        use_u = t.gamma > 0 and len(self.unlabeled_stream.indices) > 0
+        if use_u:
+            batches.append(self.unlabeled_stream.next()[0])
+        use_l = len(self.labeled_stream.indices) > 0
+        if use_l:
+            xl, yl = self.labeled_stream.next()  # labels as the oracle gave them
+            batches.append(xl)
+        energies = self._step([x.to(dev, non_blocking=True) for x in batches])
+        e_s = energies[0]
         loss_s = energy_ops.energy_nll(e_s, ys.to(dev), tau=t.tau)
-        delta = self.delta.update(energy_ops.free_energy(e_s.detach(), t.tau))
+        f_s = energy_ops.free_energy(e_s.detach(), t.tau)
+        delta = self.delta.update(dist_ops.all_mean(f_s.mean()) if self.world > 1 else f_s)
         loss = t.delta_s * loss_s
         out = {"loss_source": float(loss_s.detach()), "delta": delta}
-        if t.gamma > 0 and len(self.unlabeled_stream.indices):
-            xu, _ = self.unlabeled_stream.next()
-            e_u = self._forward(xu)
-            loss_u = energy_ops.free_energy_alignment_loss(e_u, delta, tau=t.tau)
+        if use_u:
+            loss_u = energy_ops.free_energy_alignment_loss(energies[1], delta, tau=t.tau)
             loss = loss + t.gamma * loss_u
             out["loss_align"] = float(loss_u.detach())
-        if len(self.labeled_stream.indices):
-            xl, yl = self.labeled_stream.next()  # labels as the oracle gave them
-            e_l = self._forward(xl)
-            loss_l = energy_ops.energy_nll(e_l, yl.to(dev), tau=t.tau)
+        if use_l:
+            loss_l = energy_ops.energy_nll(energies[-1], yl.to(dev), tau=t.tau)
             loss = loss + t.delta_t * loss_l
             out["loss_target"] = float(loss_l.detach())
         if self.aux is not None:  # discriminator / committee / MME entropy / critic losses
             loss_aux, aux_logs = self.aux.loss(self, xs, ys)
             loss = loss + loss_aux
             out.update(aux_logs)
-        if not torch.isfinite(loss):
+        finite = bool(torch.isfinite(loss))
+        if self.world > 1:  # every rank stops together (a lone raise would hang the others)
+            finite = float(dist_ops.all_mean(torch.tensor(float(finite)))) == 1.0
+        if not finite:
             raise FloatingPointError(f"loss became {float(loss)}; lower the learning rate")
         self.optimizer.zero_grad(set_to_none=True)
         if self.aux is not None:
             self.aux.zero_grad()
-        loss.backward()
+        loss.backward()  # DDP averages the model's gradients over the ranks here
         self.optimizer.step()
         if self.aux is not None:
+            if self.world > 1:
+                dist_ops.average_gradients(self.aux.components.parameters())
             self.aux.step()
         out["loss"] = float(loss.detach())
         return out
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Energies (float32) of a batch; bfloat16 autocast on CUDA when ``train.amp``."""
-        dev = self.device
-        amp = dev.type == "cuda" and self.cfg.train.amp
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=amp):
-            return self.model(x.to(dev, non_blocking=True)).float()
 
     def steps_per_epoch(self) -> int:
         """``max(#source batches, #unlabeled batches)``, the reference code's epoch length."""
@@ -354,18 +399,12 @@ class ActiveDATrainer:
         spec = get_strategy(a.strategy)
         pool_idx = torch.nonzero(~self.labeled_mask).squeeze(1)
         t0 = time.perf_counter()
-        needs = tuple(spec.needs) + (("energies",) if "energies" not in spec.needs else ())
+        needs = tuple(spec.needs)
         if self.aux is not None and "embeddings" not in needs:
             needs += ("embeddings",)  # the training components score the pool's embeddings
-        outputs = score_pool(
-            self.model,
-            self.task.target,
-            pool_idx,
-            needs,
-            self.cfg.train.eval_batch_size,
-            self.device,
-        )
-        outputs = complete_pool_outputs(self, outputs, needs)  # labeled/source embeddings, aux
+        outputs = self._score(pool_idx, needs)
+        if self.rank == 0:  # labeled/source embeddings, training components' scores
+            outputs = complete_pool_outputs(self, outputs, needs)
         t1 = time.perf_counter()
         params = dict(a.params)
         if a.strategy == "eada":
@@ -374,12 +413,50 @@ class ActiveDATrainer:
                 rule=a.selection_rule,
                 budget_share=a.budget_per_round if isinstance(a.budget_per_round, float) else None,
             )
-        sel = spec.fn(outputs, budget, self.strategy_rng, **params)
+        if self.world == 1:
+            sel = spec.fn(outputs, budget, self.strategy_rng, **params)
+        else:  # rank 0 selects ONCE; every rank receives the same positions
+            mine = spec.fn(outputs, budget, self.strategy_rng, **params) if self.rank == 0 else None
+            idx = dist_ops.broadcast_indices(mine.indices if mine is not None else None)
+            sel = mine if mine is not None else Selection(idx, info={"from_rank": 0})
         t2 = time.perf_counter()
         chosen = pool_idx[torch.from_numpy(sel.indices)]
         if self.labeled_mask[chosen].any() or len(set(chosen.tolist())) != len(chosen):
             raise RuntimeError("strategy returned an already-labeled or duplicate sample")
         return Proposal(pool_idx, chosen, outputs, sel, t1 - t0, t2 - t1)
+
+    def _score(self, pool_idx: torch.Tensor, needs: tuple[str, ...]) -> PoolOutputs:
+        """:func:`~eada.train.evaluate.score_pool` over the pool; distributed, every rank scores
+        its shard and the per-sample outputs are gathered back into pool order on every rank."""
+        bs = self.cfg.train.eval_batch_size
+        if self.world == 1:
+            return score_pool(self.model, self.task.target, pool_idx, needs, bs, self.device)
+        n = len(pool_idx)
+        part = pool_idx[dist_ops.shard(n, self.rank, self.world)]
+        local = score_pool(self.model, self.task.target, part, needs, bs, self.device)
+
+        def gather(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else dist_ops.gather_rows(a, n)
+
+        return PoolOutputs(
+            energies=gather(local.energies),
+            free_energy=gather(local.free_energy),
+            mvsm=gather(local.mvsm),
+            embeddings=gather(local.embeddings),
+            predictions=gather(local.predictions),
+            n_target=local.n_target,
+        )
+
+    def _predict(self, domain: Domain) -> torch.Tensor:
+        """Energies of a whole domain (test view); sharded and gathered when distributed."""
+        bs = self.cfg.train.eval_batch_size
+        if self.world == 1:
+            return predict_energies(self.model, domain, None, bs, self.device)
+        part = torch.arange(len(domain))[dist_ops.shard(len(domain), self.rank, self.world)]
+        local = predict_energies(self.model, domain, part, bs, self.device)
+        if len(local) == 0:
+            local = torch.empty(0, domain.num_classes)
+        return torch.from_numpy(dist_ops.gather_rows(local.numpy(), len(domain)))
 
     def set_labels(self, indices: torch.Tensor, labels: torch.Tensor) -> None:
         """Replace the labeled target set by ``indices`` with class ids ``labels`` (e.g. labels
@@ -406,8 +483,7 @@ class ActiveDATrainer:
         labeled = torch.nonzero(self.labeled_mask).squeeze(1)
         self.labeled_stream.set_indices(labeled)
         self.unlabeled_stream.set_indices(torch.nonzero(~self.labeled_mask).squeeze(1))
-        assert outputs.energies is not None
-        pred = torch.from_numpy(outputs.energies[sel.indices]).argmin(dim=1)
+        pred = torch.from_numpy(outputs.get_predictions()[sel.indices]).long()
         return {
             "round": r,
             "epoch": epoch,
@@ -427,12 +503,11 @@ class ActiveDATrainer:
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
         """Metrics on the whole target (transductive, as the paper) and the held-out split."""
-        bs = self.cfg.train.eval_batch_size
         target = self.task.target
-        e = predict_energies(self.model, target, None, bs, self.device)  # one pass, reused below
+        e = self._predict(target)  # one pass, reused below
         out: dict[str, Any] = {"target": domain_metrics(e, target.y, target.num_classes)}
-        if self.task.heldout is not None:
-            out["heldout"] = evaluate(self.model, self.task.heldout, bs, self.device)
+        if (held := self.task.heldout) is not None:
+            out["heldout"] = domain_metrics(self._predict(held), held.y, held.num_classes)
         unl = torch.nonzero(~self.labeled_mask).squeeze(1)
         if 0 < len(unl) < len(target):
             out["target_unlabeled"] = accuracy_metrics(e[unl], target.y[unl], target.num_classes)
@@ -515,6 +590,8 @@ class ActiveDATrainer:
             for _ in range(steps):
                 for k, v in self.train_step().items():
                     sums[k] = sums.get(k, 0.0) + v
+            if self.world > 1:  # losses averaged over the ranks (each saw its own batches)
+                sums = {k: float(dist_ops.all_mean(torch.tensor(v))) for k, v in sums.items()}
             record: dict[str, Any] = {"epoch": epoch, **{k: v / steps for k, v in sums.items()}}
             is_round = epoch in rounds_by_epoch
             if is_round or epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
