@@ -149,13 +149,15 @@ rank, world = setup("gloo")
 out = {{"world": world}}
 for method in ("eada", "coreset", "badge", "aada"):
     out[method] = trainer_for(method).propose(12).chosen.tolist()
-tr = trainer_for("eada", ["train.forward=fused"])
+tr = trainer_for("eada", ["train.forward=fused", "model.bottleneck_dim=16"])
 res = tr.run()
 out["labeled"] = res.labeled_indices
 out["rounds"] = [r["selected"] for r in res.rounds[1:]]
 out["params"] = [float(p.double().sum()) for p in tr.model.parameters()]
+out["buffers"] = [float(b.double().sum()) for b in tr.model.buffers()]
 out["accuracy"] = res.final["last_epoch"]["target"]["accuracy"]
 out["delta"] = res.final["delta"]
+out["loss"] = [h["loss_source"] for h in res.history]
 Path({out!r}, f"rank{{rank}}.json").write_text(json.dumps(out))
 teardown()
 """
@@ -164,8 +166,9 @@ teardown()
 def test_distributed_trainer_selects_the_single_process_set_and_trains(tmp_path: Path) -> None:
     """Through the trainer: with 2 gloo processes the sharded scoring + rank-0 selection picks
     exactly what one process picks (4 strategies, from pool scores, embeddings, a training
-    component); then a short DDP run (fused forward, 2 rounds) ends with the same labeled set,
-    parameters, metrics and Delta on both ranks."""
+    component); then a short DDP run (fused forward, a batch-norm bottleneck, 2 rounds) ends
+    with the same labeled set, parameters, batch-norm statistics, metrics and Delta on both
+    ranks."""
     script = tmp_path / "worker.py"
     script.write_text(TRAINER_WORKER.format(tests=str(Path(__file__).parent), out=str(tmp_path)))
     proc = _torchrun([str(script)], {**os.environ, "OMP_NUM_THREADS": "1"})
@@ -179,8 +182,10 @@ def test_distributed_trainer_selects_the_single_process_set_and_trains(tmp_path:
     assert r0["labeled"] == r1["labeled"] and len(r0["labeled"]) == 40
     assert r0["rounds"] == r1["rounds"]
     assert r0["params"] == r1["params"]  # DDP kept the replicas identical
+    assert r0["buffers"] == r1["buffers"] and r0["buffers"]  # batch-norm statistics too
     assert r0["accuracy"] == r1["accuracy"] and r0["delta"] == r1["delta"]
-    assert r0["accuracy"] > 80.0  # the toy task is learnt
+    assert r0["loss"] == r1["loss"]  # epoch losses are averaged over the ranks
+    assert r0["loss"][-1] < r0["loss"][0]  # it learns
 
 
 def test_torchrun_cli_run_writes_one_record(tmp_path: Path) -> None:

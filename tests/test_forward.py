@@ -76,7 +76,15 @@ def test_trainer_fused_matches_separate() -> None:
     runs = {}
     for mode in ("separate", "fused"):
         cfg = preset_config(
-            "toy", "eada", 0, ["train.epochs=2", "active.rounds_at=[1]", f"train.forward={mode}"]
+            "toy",
+            "eada",
+            0,
+            [
+                "train.epochs=2",
+                "active.rounds_at=[1]",
+                "model.bottleneck_dim=16",  # a batch-norm layer, so the modes could differ
+                f"train.forward={mode}",
+            ],
         )
         tr = ActiveDATrainer(cfg, load_task(cfg.data, 0))
         res = tr.run()

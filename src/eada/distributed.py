@@ -203,6 +203,20 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s buffers (batch-norm running statistics) to every rank. DDP does this
+    at the start of each training forward; call it before an eval-mode pass so that every rank
+    scores its shard with the same statistics."""
+    if not is_distributed():
+        return
+    device = _device()
+    for b in module.buffers():
+        t = b.data.to(device)
+        dist.broadcast(t, src)
+        if t.data_ptr() != b.data.data_ptr():
+            b.data.copy_(t)
+
+
 def launched_distributed() -> bool:
     """Whether this process was started by ``torchrun`` with more than one process."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1

@@ -431,6 +431,7 @@ class ActiveDATrainer:
         bs = self.cfg.train.eval_batch_size
         if self.world == 1:
             return score_pool(self.model, self.task.target, pool_idx, needs, bs, self.device)
+        dist_ops.sync_buffers(self.model)  # same batch-norm statistics on every rank
         n = len(pool_idx)
         part = pool_idx[dist_ops.shard(n, self.rank, self.world)]
         local = score_pool(self.model, self.task.target, part, needs, bs, self.device)
@@ -452,6 +453,7 @@ class ActiveDATrainer:
         bs = self.cfg.train.eval_batch_size
         if self.world == 1:
             return predict_energies(self.model, domain, None, bs, self.device)
+        dist_ops.sync_buffers(self.model)  # same batch-norm statistics on every rank
         part = torch.arange(len(domain))[dist_ops.shard(len(domain), self.rank, self.world)]
         local = predict_energies(self.model, domain, part, bs, self.device)
         if len(local) == 0:
