@@ -85,7 +85,9 @@ def test_tables_have_the_papers_shape() -> None:
     assert "\\begin{tabular}{l|ccc}" in tex and "72.0 $\\pm$ 2.8" in tex
     assert "\\textbf{76.0}" in tex
     sweep = bench.sweep_table(recs, "eada")
-    assert sweep.splitlines()[2] == "| A | 65.0 |"
+    assert sweep.splitlines()[2] == "| A | 65.0 ± 0.0 |"
+    assert bench.task_label("configs/office31_x.yaml") == "office31_x"
+    assert bench.task_label("digits/mnist-usps") == "digits/mnist-usps"
     q = bench.query_table(recs)
     assert "| eada | O(N log N) | O(N + B log B) | 0.5000 / 2.000 | 0.5000 / 2.000 |" in q
     assert "source_only" not in q

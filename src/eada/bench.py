@@ -317,6 +317,12 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
 
 
+def task_label(task: str) -> str:
+    """A task's column name: a preset as is, a YAML config by its file stem."""
+    path = Path(task)
+    return path.stem if path.suffix in (".yaml", ".yml") else task
+
+
 def _row_name(rec: dict[str, Any]) -> str:
     var = variant_label(rec["variant"])
     return method_label(rec["method"]) + (f" ({var})" if var else "")
@@ -363,7 +369,7 @@ def accuracy_table(
             text = f"**{text}**" if fmt == "md" else f"\\textbf{{{text}}}"
         return text
 
-    head = ["Method", *tasks, "Mean"]
+    head = ["Method", *map(task_label, tasks), "Mean"]
     body = []
     for m in rows:
         mean_cell = "-"
@@ -381,18 +387,22 @@ def sweep_table(records: list[dict[str, Any]], method: str, fmt: str = "md") -> 
     variants = list(dict.fromkeys(variant_label(r["variant"]) for r in recs))
     tasks = _ordered(recs, "task")
     head = ["Task", *variants]
+    pm = "±" if fmt == "md" else "$\\pm$"
     body = []
     for t in tasks:
-        row = [t]
+        row = [task_label(t)]
         for v in variants:
             vals = [
                 r["final"]["target/accuracy"]
                 for r in recs
                 if r["task"] == t and variant_label(r["variant"]) == v
             ]
-            row.append(f"{_stats(vals)[0]:.1f}" if vals else "-")
+            mean, std = _stats(vals) if vals else (0.0, 0.0)
+            row.append(f"{mean:.1f} {pm} {std:.1f}" if vals else "-")
         body.append(row)
-    return _render(head, body, fmt, f"{method_label(method)}: target accuracy (%) per setting")
+    return _render(
+        head, body, fmt, f"{method_label(method)}: target accuracy (%) per setting, mean ± std"
+    )
 
 
 def query_table(records: list[dict[str, Any]], fmt: str = "md") -> str:
@@ -402,7 +412,7 @@ def query_table(records: list[dict[str, Any]], fmt: str = "md") -> str:
     tasks = _ordered(records, "task")
     strategies = list(dict.fromkeys(r["strategy"] for r in records if r["strategy"]))
     head = ["Strategy", "Complexity (paper)", "Complexity (here)"]
-    head += [f"{t} select / total (s)" for t in tasks]
+    head += [f"{task_label(t)} select / total (s)" for t in tasks]
     body = []
     for s in strategies:
         paper, here = COMPLEXITY.get(s, ("-", "-"))
