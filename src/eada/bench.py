@@ -410,7 +410,9 @@ def query_table(records: list[dict[str, Any]], fmt: str = "md") -> str:
     per round for each task: ``select`` (the strategy call) and ``total`` (scoring pass +
     strategy), mean over rounds and seeds of the same runs as the accuracy table."""
     tasks = _ordered(records, "task")
-    strategies = list(dict.fromkeys(r["strategy"] for r in records if r["strategy"]))
+    strategies = list(
+        dict.fromkeys(r["strategy"] for r in records if r["strategy"] and not r["variant"])
+    )
     head = ["Strategy", "Complexity (paper)", "Complexity (here)"]
     head += [f"{task_label(t)} select / total (s)" for t in tasks]
     body = []
@@ -479,7 +481,7 @@ def render_tables(records: list[dict[str, Any]], fmt: str = "md") -> str:
             )
     for m in dict.fromkeys(r["method"] for r in records if r["variant"]):
         add(f"Sweep of {method_label(m)}: target accuracy (%)", sweep_table(records, m, fmt))
-    if any(r["strategy"] for r in records):
+    if any(r["strategy"] for r in plain):
         add(
             "Query complexity and query time per round (same runs; select = strategy call, "
             "total = scoring pass + strategy)",
