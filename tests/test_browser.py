@@ -150,7 +150,9 @@ class DevTools:
 def open_report(html: Path, screenshot: Path) -> dict[str, Any]:
     """Load ``html`` in headless Chromium; return what the page shows and every error."""
     binary = _chromium()
-    with tempfile.TemporaryDirectory() as profile:
+    # Chromium's helper processes can still write to the profile for a moment after the main
+    # process exits: clean up with retries instead of failing the test on a busy machine
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         b = DevTools(binary, Path(profile))
         try:
             for domain in ("Page", "Runtime", "Log", "Network"):
@@ -195,6 +197,11 @@ def open_report(html: Path, screenshot: Path) -> dict[str, Any]:
             return dict(facts)
         finally:
             b.close()
+            for _ in range(20):
+                shutil.rmtree(profile, ignore_errors=True)
+                if not os.path.exists(profile):
+                    break
+                time.sleep(0.25)
 
 
 def _check(facts: dict[str, Any], html: Path) -> None:
