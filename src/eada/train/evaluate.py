@@ -52,17 +52,6 @@ def accuracy_metrics(
     }
 
 
-def evaluate(
-    model: nn.Module,
-    domain: Domain,
-    batch_size: int = 512,
-    device: torch.device | str = "cpu",
-) -> dict[str, object]:
-    """Accuracy metrics of ``model`` on a whole domain, plus its mean free energy."""
-    e = predict_energies(model, domain, None, batch_size, device)
-    return domain_metrics(e, domain.y, domain.num_classes)
-
-
 def domain_metrics(
     energies: torch.Tensor, labels: torch.Tensor, num_classes: int
 ) -> dict[str, object]:

@@ -456,8 +456,6 @@ class ActiveDATrainer:
         dist_ops.sync_buffers(self.model)  # same batch-norm statistics on every rank
         part = torch.arange(len(domain))[dist_ops.shard(len(domain), self.rank, self.world)]
         local = predict_energies(self.model, domain, part, bs, self.device)
-        if len(local) == 0:
-            local = torch.empty(0, domain.num_classes)
         return torch.from_numpy(dist_ops.gather_rows(local.numpy(), len(domain)))
 
     def set_labels(self, indices: torch.Tensor, labels: torch.Tensor) -> None:
