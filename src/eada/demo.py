@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from eada.data.base import TensorDomain
 from eada.data.tasks import load_task
 from eada.experiment import final_accuracy, run_once
 from eada.hparams import METHOD_LABELS, preset_config
@@ -103,18 +102,13 @@ def run_demo(
             if progress:
                 progress(f"{METHOD_LABELS[m]:<16} seed {s}: target error {err:5.1f}%")
             if s == 0:
-                assert isinstance(task.source, TensorDomain)
-                assert isinstance(task.target, TensorDomain)
                 panels.append(
-                    ToyPanel(
-                        title=f"{METHOD_LABELS[m]} (seed 0): {err:.1f}% error",
-                        source_x=task.source.x.numpy(),
-                        source_y=task.source.y.numpy(),
-                        target_x=task.target.x.numpy(),
-                        target_y=task.target.y.numpy(),
-                        selected=[np.asarray(r["selected"]) for r in run["results"]["rounds"][1:]],
-                        boundaries=bounds,
-                        final=final_model["boundary"],
+                    ToyPanel.from_run(
+                        f"{METHOD_LABELS[m]} (seed 0): {err:.1f}% error",
+                        task,
+                        run,
+                        bounds,
+                        final_model["boundary"],
                     )
                 )
         stats = summarize(errors)

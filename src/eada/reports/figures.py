@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+
+if TYPE_CHECKING:
+    from eada.data.tasks import Task
 
 
 @dataclass
@@ -35,6 +38,36 @@ class ToyPanel:
     selected: list[np.ndarray] = field(default_factory=list)
     boundaries: list[tuple[np.ndarray, float]] = field(default_factory=list)
     final: tuple[np.ndarray, float] | None = None
+
+    @classmethod
+    def from_run(
+        cls,
+        title: str,
+        task: Task,
+        run: dict[str, Any],
+        boundaries: list[tuple[np.ndarray, float]],
+        final: tuple[np.ndarray, float] | None,
+    ) -> ToyPanel:
+        """The panel of one toy run: the task's points and the run's per-round selections.
+
+        Raises:
+            TypeError: the task's domains are not in-memory 2-D points (``TensorDomain``).
+        """
+        from eada.data.base import TensorDomain
+
+        src, tgt = task.source, task.target
+        if not isinstance(src, TensorDomain) or not isinstance(tgt, TensorDomain):
+            raise TypeError("the toy figure needs in-memory 2-D domains (TensorDomain)")
+        return cls(
+            title=title,
+            source_x=src.x.numpy(),
+            source_y=src.y.numpy(),
+            target_x=tgt.x.numpy(),
+            target_y=tgt.y.numpy(),
+            selected=[np.asarray(r["selected"]) for r in run["results"]["rounds"][1:]],
+            boundaries=boundaries,
+            final=final,
+        )
 
 
 def _line(ax: plt.Axes, w: np.ndarray, b: float, lim: float, **kw: Any) -> None:

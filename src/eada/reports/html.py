@@ -372,15 +372,12 @@ def _toy_html(groups: list[RunGroup], figs: _Figures, data: _Data) -> str:
 
         err = 100.0 - run["results"]["final"]["last_epoch"]["target"]["accuracy"]
         panels.append(
-            ToyPanel(
-                title=f"{g.label} (seed {run['seed']}): {err:.1f}% error",
-                source_x=task.source.x.numpy(),
-                source_y=task.source.y.numpy(),
-                target_x=task.target.x.numpy(),
-                target_y=task.target.y.numpy(),
-                selected=[np.asarray(r["selected"]) for r in run["results"]["rounds"][1:]],
-                boundaries=[wb(s) for s in heads if s["stage"] != "final"],
-                final=wb(heads[-1]) if heads[-1]["stage"] == "final" else None,
+            ToyPanel.from_run(
+                f"{g.label} (seed {run['seed']}): {err:.1f}% error",
+                task,
+                run,
+                [wb(s) for s in heads if s["stage"] != "final"],
+                wb(heads[-1]) if heads[-1]["stage"] == "final" else None,
             )
         )
     if not panels:
