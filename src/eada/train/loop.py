@@ -269,16 +269,15 @@ class ActiveDATrainer:
         self.optimizer = build_optimizer(cfg.optim, self.model)
         self.rank, self.world = dist_ops.rank_world()
         amp = self.device.type == "cuda" and cfg.train.amp
-        self.step_forward = StepForward(
+        self._step: nn.Module = StepForward(
             self.model, cfg.train.forward, torch.bfloat16 if amp else None, cfg.train.channels_last
         )
-        self._step: nn.Module = self.step_forward
         if self.world > 1:  # one DDP forward call a step, whichever forward mode runs inside
             from torch.nn.parallel import DistributedDataParallel
 
             cuda = self.device.type == "cuda"
             ids = [self.device.index or torch.cuda.current_device()] if cuda else None
-            self._step = DistributedDataParallel(self.step_forward, device_ids=ids)
+            self._step = DistributedDataParallel(self._step, device_ids=ids)
         self.oracle: Oracle = oracle if oracle is not None else SimulatedOracle(task.target.y)
         self.delta = energy_ops.DeltaEstimator(
             cfg.train.delta_mode, cfg.train.delta_momentum, seed=cfg.seed + 1
