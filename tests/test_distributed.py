@@ -93,7 +93,7 @@ import torch
 
 sys.path.insert(0, {tests!r})
 from test_distributed import _pool
-from eada.distributed import broadcast_indices, gather_scores, setup, shard, stream_scores
+from eada.distributed import broadcast_indices, gather_rows, setup, shard, stream_scores
 from eada.strategies import PoolOutputs, get_strategy
 import torch.distributed as dist
 
@@ -102,7 +102,7 @@ model, x = _pool()
 sl = shard(len(x), rank, world)
 with torch.no_grad():
     f, u = stream_scores(iter(model(x[sl]).split(100)))
-f_all, u_all = gather_scores(f, len(x)), gather_scores(u, len(x))
+f_all, u_all = gather_rows(f, len(x)), gather_rows(u, len(x))
 chosen = None
 if rank == 0:
     pool = PoolOutputs(free_energy=f_all, mvsm=u_all, n_target=len(x))

@@ -15,7 +15,7 @@ Protocol of a distributed round (every rank calls the same functions):
 
 1. :func:`shard` gives each rank a contiguous slice of the unlabeled pool;
 2. each rank scores its slice (two floats a sample for EADA, see :func:`stream_scores`);
-3. :func:`gather_scores` all-gathers the per-sample scores back into pool order;
+3. :func:`gather_rows` all-gathers the per-sample scores back into pool order;
 4. rank 0 runs the strategy; :func:`broadcast_indices` sends the chosen positions to all ranks,
    so every rank holds the same labeled set.
 """
@@ -157,18 +157,11 @@ def gather_rows(local: np.ndarray, n_total: int) -> np.ndarray:
     if len(local) == 0:
         local = np.empty((0, *trailing), dtype=dtype)
     device = _device()
-    buf = torch.zeros((max(sizes), *trailing), dtype=torch.from_numpy(local[:0]).dtype)
-    buf = buf.to(device)
+    buf = torch.zeros((max(sizes), *trailing), dtype=torch.from_numpy(local).dtype, device=device)
     buf[: len(local)] = torch.from_numpy(local).to(device)
     parts = [torch.empty_like(buf) for _ in range(world)]
     dist.all_gather(parts, buf)
     return torch.cat([p[:s] for p, s in zip(parts, sizes, strict=True)]).cpu().numpy()
-
-
-def gather_scores(local: np.ndarray, n_total: int) -> np.ndarray:
-    """All-gather each rank's contiguous shard of a per-sample score vector into pool order
-    (:func:`gather_rows` for ``(n_r,)`` vectors)."""
-    return gather_rows(local, n_total)
 
 
 def all_mean(value: torch.Tensor) -> torch.Tensor:
