@@ -39,6 +39,47 @@ def test_unknown_strategy_lists_known(tmp_path: Path) -> None:
         preset_config("toy", None, 0, ["active.strategy=badgee"])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["active.strategy=waal", "active.params.selectoin=5"],
+            r"params\.selectoin is not a setting of strategy .waal.*selection",
+        ),
+        (
+            ["active.strategy=eada", "active.params.alpha1=0.3"],
+            r"params\.alpha1: set active\.alpha1 instead",
+        ),
+        (
+            ["active.strategy=clue", "active.params.aux_components=[critic]"],
+            "aux_components must be a list of",
+        ),
+    ],
+)
+def test_strategy_params_that_would_be_ignored_are_errors(
+    overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        preset_config("toy", None, 0, overrides)
+
+
+def test_strategy_and_component_params_are_accepted() -> None:
+    cfg = preset_config(
+        "toy",
+        None,
+        0,
+        ["active.strategy=waal", "active.params.selection=5", "active.params.critic_weight=0.01"],
+    )
+    assert cfg.active.params == {"selection": 5, "critic_weight": 0.01}
+
+
+def test_segmentation_params_are_checked_too() -> None:
+    from eada.segmentation.config import SegActiveConfig
+
+    with pytest.raises(ValueError, match=r"params\.rule: set active\.selection_rule"):
+        SegActiveConfig(strategy="eada", params={"rule": "reference"})
+
+
 def test_rounds_past_epochs_and_unsorted_rounds() -> None:
     with pytest.raises(ConfigError, match=r"goes past train\.epochs"):
         preset_config("toy", None, 0, ["active.rounds_at=[10,50]"])

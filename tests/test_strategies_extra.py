@@ -16,7 +16,7 @@ from eada.hparams import preset_config
 from eada.strategies import PoolOutputs, diversity, get_strategy
 from eada.strategies import clue as clue_mod
 from eada.train import ActiveDATrainer
-from eada.train.aux import AuxTraining, grad_reverse
+from eada.train.aux import AuxTraining, StepBatch, grad_reverse
 
 
 def _rng(seed: int = 0) -> np.random.Generator:
@@ -164,6 +164,30 @@ def test_grad_reverse_flips_and_scales_the_gradient() -> None:
     x = torch.ones(3, requires_grad=True)
     (2 * grad_reverse(x, 0.25)).sum().backward()
     assert x.grad is not None and x.grad.tolist() == [-0.5, -0.5, -0.5]
+
+
+def test_waal_critic_scores_are_bounded_and_its_pull_on_the_features_is_small() -> None:
+    torch.manual_seed(0)
+    aux = AuxTraining(("wasserstein_critic",), 4, 3, {}, batch_size=8, seed=0)
+    critic = aux.components[0]
+    z = torch.randn(64, 4) * 100  # far outside the training range: still in [0, 1]
+    s = critic.pool_scores(z)["critic_score"]
+    assert s.min() >= 0.0 and s.max() <= 1.0
+    assert critic.weight == pytest.approx(2e-3)  # WAAL's alpha, the authors' default
+    feats = torch.randn(16, 4, requires_grad=True)
+    head = torch.nn.Linear(4, 3)
+    batch = StepBatch(
+        feats[:8],
+        torch.zeros(8, dtype=torch.long),
+        feats[8:],
+        feats[:0],
+        torch.zeros(0, dtype=torch.long),
+        head,
+    )
+    loss, _ = critic.loss(batch)
+    loss.backward()
+    critic_grad = sum(float(p.grad.abs().sum()) for p in critic.parameters())
+    assert feats.grad is not None and 0 < float(feats.grad.abs().sum()) < 0.01 * critic_grad
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eada.strategies import STRATEGIES
+from eada.strategies import STRATEGIES, check_params
 
 
 class _Strict(BaseModel):
@@ -227,6 +227,29 @@ class ActiveConfig(_Strict):
     @classmethod
     def _rounds(cls, v: list[int]) -> list[int]:
         return check_rounds(v, "epochs", "1-based epochs")
+
+    @model_validator(mode="after")
+    def _known_params(self) -> ActiveConfig:
+        # lazy: eada.train imports this module
+        from eada.train.aux import COMPONENT_PARAMS, COMPONENTS
+
+        check_params(
+            self.strategy,
+            self.params,
+            also=COMPONENT_PARAMS,
+            owned={
+                "alpha1": "active.alpha1",
+                "rule": "active.selection_rule",
+                "budget_share": "active.budget_per_round",
+            },
+        )
+        names = self.params.get("aux_components", [])
+        if not isinstance(names, list) or any(n not in COMPONENTS for n in names):
+            raise ValueError(
+                f"active.params.aux_components must be a list of {', '.join(COMPONENTS)}; "
+                f"got {names!r}"
+            )
+        return self
 
     @property
     def enabled(self) -> bool:

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eada.config import ConfigError, apply_overrides, check_rounds
-from eada.strategies import STRATEGIES
+from eada.strategies import STRATEGIES, check_params
 
 #: image-level scores a segmentation strategy may ask for (no per-image ``(C,)`` energies exist)
 IMAGE_SCORES = ("free_energy", "mvsm")
@@ -203,6 +203,15 @@ class SegActiveConfig(_Strict):
     @classmethod
     def _rounds(cls, v: list[int]) -> list[int]:
         return check_rounds(v, "iterations", "iteration counts >= 1")
+
+    @model_validator(mode="after")
+    def _known_params(self) -> SegActiveConfig:
+        check_params(
+            self.strategy,
+            self.params,
+            owned={"alpha1": "active.alpha1", "rule": "active.selection_rule"},
+        )
+        return self
 
     @property
     def enabled(self) -> bool:

@@ -8,6 +8,7 @@ send ``selection.indices`` (positions into the pool) to whoever labels them.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -262,6 +263,44 @@ class StrategySpec:
     needs: tuple[str, ...]
     summary: str
     reference: str
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """The strategy's own settings: the keyword-only parameters of its function (what
+        ``active.params`` may set), e.g. ``("selection",)`` for WAAL."""
+        sig = inspect.signature(self.fn)
+        return tuple(p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY)
+
+
+def check_params(
+    strategy: str,
+    params: dict[str, Any],
+    also: tuple[str, ...] = (),
+    owned: dict[str, str] | None = None,
+) -> None:
+    """Reject settings that ``strategy`` would silently ignore.
+
+    Args:
+        strategy: a registered strategy name (``"none"`` accepts only ``also``).
+        params: the settings (``active.params``).
+        also: further keys the caller reads itself (e.g. the training components' settings).
+        owned: keys the caller sets from its own config fields, mapped to that field's name
+            (e.g. ``{"alpha1": "active.alpha1"}``): setting them in ``params`` is an error.
+
+    Raises:
+        ValueError: naming the unknown (or owned) key and listing the accepted ones.
+    """
+    owned = owned or {}
+    spec_options = get_strategy(strategy).options if strategy != "none" else ()
+    accepted = sorted((set(spec_options) - set(owned)) | set(also))
+    for key in params:
+        if key in owned and key in spec_options:
+            raise ValueError(f"active.params.{key}: set {owned[key]} instead")
+        if key not in accepted:
+            raise ValueError(
+                f"active.params.{key} is not a setting of strategy {strategy!r}; "
+                f"accepted: {', '.join(accepted) or 'none'}"
+            )
 
 
 STRATEGIES: dict[str, StrategySpec] = {}
