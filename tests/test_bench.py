@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from eada import bench
 from eada.config import ConfigError
@@ -111,6 +112,9 @@ def test_target_supervised_trains_on_every_target_label(tmp_path: Path) -> None:
     runs = bench.build_grid(["toy"], ["target_supervised"], [0], TINY)
     (rec,) = bench.run_grid(runs, tmp_path)
     assert rec["n_labeled"] == 120 and rec["strategy"] is None
+    # every line names the code that produced it (a resumed grid may span several commits)
+    assert set(rec["code"]) == {"git", "eada", "torch", "numpy"}
+    assert rec["code"]["torch"] == torch.__version__
 
 
 def test_killed_bench_resumes_and_gives_the_same_table(tmp_path: Path) -> None:

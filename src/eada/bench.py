@@ -13,7 +13,8 @@ Two reference methods exist only here:
 Sweeps (``--sweep active.alpha1=0.1,0.25,0.5``, repeatable: Cartesian product) add a variant
 per value, e.g. the alpha1/alpha2 grid of the paper's Table 3, gamma or delta_s.
 
-Each finished run appends ONE JSON line to ``OUT/runs.jsonl`` (fsynced); a re-run skips the runs
+Each finished run appends ONE JSON line to ``OUT/runs.jsonl`` (fsynced; it names the code that
+ran it: git commit, eada/torch/numpy versions); a re-run skips the runs
 already there, so a grid killed half-way picks up where it stopped and, training being
 deterministic on a fixed seed, ends with the same accuracy table. A line whose config differs
 from the current grid's config for the same run is an error (stale results; use another
@@ -209,8 +210,14 @@ def config_differences(
     return sorted(out)
 
 
-def run_record(run: GridRun, result: dict[str, Any]) -> dict[str, Any]:
-    """The compact JSON line of a finished run (what the tables need, plus provenance)."""
+def run_record(
+    run: GridRun, result: dict[str, Any], code: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The compact JSON line of a finished run (what the tables need, plus provenance).
+
+    ``code``: the code that ran it (git commit, package versions), stored in the line itself
+    because a grid resumed over several invocations may span several commits (``meta.json``
+    holds the first invocation's environment only)."""
     res = result["results"]
     last = res["final"]["last_epoch"]
     final = {
@@ -255,6 +262,7 @@ def run_record(run: GridRun, result: dict[str, Any]) -> dict[str, Any]:
         "loadavg": list(os.getloadavg()),
         "torch_threads": torch.get_num_threads(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "code": code or {},
     }
 
 
@@ -291,8 +299,10 @@ def run_grid(
                 "grid changed; use another --out or remove that line"
             )
     write_json(out / "grid.json", {"runs": [json.loads(r.key) for r in runs]})
+    env = environment_info()
     if not (out / "meta.json").exists():
-        write_json(out / "meta.json", environment_info())
+        write_json(out / "meta.json", env)
+    code = {k: env[k] for k in ("git", "eada", "torch", "numpy")}
     cache = _TaskCache()
     new = 0
     todo = [r for r in runs if r.key not in done]
@@ -304,7 +314,7 @@ def run_grid(
             progress(f"[{i}/{len(todo)}] {run.task} / {run.method}{var} / seed {run.seed}")
         cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
         result = run_once(run.config, cache.get(run.config), callbacks=cbs, record_stats=False)
-        rec = run_record(run, result)
+        rec = run_record(run, result, code)
         append_jsonl(log, rec)
         done[run.key] = rec
         new += 1
