@@ -96,6 +96,11 @@ def test_tables_have_the_papers_shape() -> None:
     assert everything.count("| Method |") == 1 and "alpha1=0.25" in everything
     with pytest.raises(ValueError, match="format"):
         bench.accuracy_table(recs, fmt="html")
+    # rows follow the paper's order, not the order the lines were written (a re-run method)
+    plain = [r for r in recs if not r["variant"]]
+    rerun = [*plain[4:], _record("A", "waal", 0, 60.0), *plain[:4]]
+    rows = [ln.split(" | ")[0] for ln in bench.accuracy_table(rerun).splitlines()[2:]]
+    assert rows == ["| Source-only", "| WAAL", "| EADA"]
 
 
 def test_changed_config_for_a_stored_run_is_an_error(tmp_path: Path) -> None:

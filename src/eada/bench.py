@@ -338,6 +338,37 @@ def _row_name(rec: dict[str, Any]) -> str:
     return method_label(rec["method"]) + (f" ({var})" if var else "")
 
 
+TABLE_ORDER = (
+    "source_only",
+    "target_supervised",
+    "random",
+    "entropy",
+    "margin",
+    "least_confidence",
+    "coreset",
+    "waal",
+    "badge",
+    "aada",
+    "dbal",
+    "tqs",
+    "clue",
+    "eada",
+    "eada_no_f",
+    "eada_no_u",
+    "eada_no_fea",
+    "random_fea",
+)
+"""Row order of the tables (the paper's: references, baselines, EADA, its ablations); methods
+not listed follow in the order of their records."""
+
+
+def in_table_order(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` sorted by method (:data:`TABLE_ORDER`), stable otherwise, so a table does
+    not depend on the order the runs were written (a resumed or partly re-run grid)."""
+    rank = {m: i for i, m in enumerate(TABLE_ORDER)}
+    return sorted(records, key=lambda r: rank.get(r["method"], len(rank)))
+
+
 def _ordered(records: list[dict[str, Any]], field_name: str) -> list[Any]:
     seen: dict[Any, None] = {}
     for r in records:
@@ -351,6 +382,7 @@ def accuracy_table(
     """Paper Tables 1-2: rows = methods (and sweep variants), columns = tasks + mean over tasks;
     cells = mean +- std over seeds of the final (last-epoch) ``metric``, ``n=`` seeds when
     fewer than the most any cell has. The best mean of each column is bold."""
+    records = in_table_order(records)
     tasks = _ordered(records, "task")
     rows = _ordered(records, "row")
     cell: dict[tuple[str, str], list[float]] = {}
@@ -419,6 +451,7 @@ def query_table(records: list[dict[str, Any]], fmt: str = "md") -> str:
     """Paper Table 4: strategy, query complexity (paper / here), and the measured query time
     per round for each task: ``select`` (the strategy call) and ``total`` (scoring pass +
     strategy), mean over rounds and seeds of the same runs as the accuracy table."""
+    records = in_table_order(records)
     tasks = _ordered(records, "task")
     strategies = list(
         dict.fromkeys(r["strategy"] for r in records if r["strategy"] and not r["variant"])
