@@ -38,8 +38,6 @@ from eada.strategies import PoolOutputs
 if TYPE_CHECKING:
     from eada.train.loop import ActiveDATrainer
 
-COMPONENTS = ("domain_discriminator", "committee", "adversarial_entropy", "wasserstein_critic")
-"""Every training component's name."""
 COMPONENT_PARAMS = ("aux_components", "aux_lr", "aux_weight", "committee_size", "critic_weight")
 """The ``active.params`` keys the training components read (validated in the config)."""
 
@@ -231,6 +229,12 @@ class WassersteinCritic(AuxComponent):
     @torch.no_grad()
     def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
         return {"critic_score": self.critic(z).double().cpu().numpy()}
+
+
+COMPONENTS = tuple(
+    c.name for c in (DomainDiscriminator, Committee, AdversarialEntropy, WassersteinCritic)
+)
+"""Every training component's name (from the classes, so the list cannot drift from them)."""
 
 
 class AuxTraining:
