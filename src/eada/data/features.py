@@ -134,7 +134,7 @@ def normalize_features(x: np.ndarray, how: Normalize) -> np.ndarray:
     their sum, then ``zscore`` (the JDA code's preprocessing of the SURF features); ``none``:
     unchanged.
 
-    >>> normalize_features(np.array([[1.0, 3.0], [3.0, 1.0]]), "l1_zscore").tolist()
+    >>> normalize_features(np.array([[1.0, 3.0], [3.0, 1.0]]), "l1_zscore").round(6).tolist()
     [[-1.0, 1.0], [1.0, -1.0]]
     """
     if how == "l1_zscore":
