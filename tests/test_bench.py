@@ -120,6 +120,9 @@ def test_target_supervised_trains_on_every_target_label(tmp_path: Path) -> None:
     # every line names the code that produced it (a resumed grid may span several commits)
     assert set(rec["code"]) == {"git", "eada", "torch", "numpy"}
     assert rec["code"]["torch"] == torch.__version__
+    assert rec["warnings"] == []  # training warnings (eada.energy.alignment_runaway) travel too
+    assert [e["epoch"] for e in rec["epochs"]] == [1, 2]  # TINY: train.epochs=2
+    assert all("loss_source" in e and "target_accuracy" in e for e in rec["epochs"])
 
 
 def test_killed_bench_resumes_and_gives_the_same_table(tmp_path: Path) -> None:

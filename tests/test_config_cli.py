@@ -126,6 +126,30 @@ def test_run_seeds_writes_records_and_resumes(tmp_path: Path) -> None:
     assert len(read_jsonl(out / "runs.jsonl")) == 2
 
 
+def test_summary_carries_and_prints_training_warnings(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from eada.data.commands import print_summary_extras
+    from eada.experiment import summarize_runs
+
+    cfg = preset_config("toy", "eada", 0, ["train.epochs=2", "active.rounds_at=[1]"])
+    run_seeds(lambda s: cfg, [0], tmp_path / "run")
+    run = read_jsonl(tmp_path / "run" / "runs.jsonl")
+    assert summarize_runs(run)["warnings"] == []
+    warned = {**run[0], "seed": 3}
+    warned["results"] = {
+        **run[0]["results"],
+        "warnings": [{"kind": "alignment_runaway", "epoch": 2, "message": "Delta fell x"}],
+    }
+    summary = summarize_runs([run[0], warned])
+    assert summary["warnings"] == [
+        {"seed": 3, "kind": "alignment_runaway", "epoch": 2, "message": "Delta fell x"}
+    ]
+    console = Console(record=True, width=200)
+    print_summary_extras(console, summary)
+    assert "warning (seed 3, epoch 2): Delta fell x" in console.export_text()
+
+
 def test_cli_demo_writes_results_and_png(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from eada.energy import (
+    AlignmentRunawayWarning,
     DeltaEstimator,
+    alignment_runaway,
     energy_from_logits,
     energy_nll,
     free_energy,
@@ -424,3 +426,62 @@ def test_free_energy_gradient_is_posterior_weighted_energy_gradient() -> None:
             assert torch.allclose(g, want, atol=1e-12)
         # and it is not the plain average of the energy gradients (p is not uniform)
         assert not torch.allclose(p, torch.full_like(p, 1 / 3))
+
+
+# -- L_fea scale runaway -------------------------------------------------------------------------
+
+# per-epoch means of a real run (MNIST->MNIST-M, LeNet, Adam, gamma 0.01, seed 0) and of the same
+# run without L_fea: Delta runs away geometrically in the first, settles in the second
+RUNAWAY_DELTA = [-8.8, -30.1, -58.9, -133.5, -503.6, -3038.4, -16527.5]
+RUNAWAY_ALIGN = [4.7, 17.8, 30.8, 64.7, 228.6, 1303.6, 6989.1]
+STABLE_DELTA = [-7.3, -20.7, -24.2, -24.4, -24.2, -26.1, -29.7]
+# the same run with SGD: Delta grows x4.5 and x2.1 in epochs 1-3 (the floor keeps that out),
+# then slowly; L_fea still cost 5 points there, but nothing ran away
+SGD_DELTA = [-5.5, -24.7, -52.9, -93.9, -148.0, -170.3, -290.7]
+SGD_ALIGN = [2.3, 13.3, 22.3, 28.2, 33.4, 27.0, 47.9]
+
+
+def test_runaway_found_at_the_first_epoch_with_two_doublings() -> None:
+    first = next(
+        k
+        for k in range(1, len(RUNAWAY_DELTA) + 1)
+        if alignment_runaway(RUNAWAY_DELTA[:k], RUNAWAY_ALIGN[:k])
+    )
+    assert first == 5  # epochs 3->4 (x2.3) and 4->5 (x3.8); epoch 2->3 was x1.96
+    msg = alignment_runaway(RUNAWAY_DELTA[:5], RUNAWAY_ALIGN[:5])
+    assert msg is not None and "-133.5 -> -503.6" in msg and "train.gamma" in msg
+
+
+def test_no_runaway_when_delta_settles_or_align_falls() -> None:
+    for k in range(1, len(STABLE_DELTA) + 1):
+        assert alignment_runaway(STABLE_DELTA[:k], [4.0] * k) is None
+    falling = [5.0, 4.0, 3.0, 2.0, 1.0, 0.5, 0.2]  # Delta doubles but the hinge is being met
+    assert alignment_runaway(RUNAWAY_DELTA, falling) is None
+    assert alignment_runaway([8.0, 20.0, 500.0], [1.0, 2.0, 3.0]) is None  # positive energies
+    for k in range(1, len(SGD_DELTA) + 1):
+        assert alignment_runaway(SGD_DELTA[:k], SGD_ALIGN[:k]) is None
+    assert alignment_runaway(SGD_DELTA[:3], SGD_ALIGN[:3], floor=50.0) is not None
+
+
+def test_runaway_span_and_growth_are_honoured() -> None:
+    assert alignment_runaway(RUNAWAY_DELTA[:5], RUNAWAY_ALIGN[:5], growth=4.0) is None
+    assert alignment_runaway(RUNAWAY_DELTA[:4], RUNAWAY_ALIGN[:4], span=1) is not None
+    assert alignment_runaway(RUNAWAY_DELTA[:5], RUNAWAY_ALIGN[:5], span=4) is None
+
+
+@pytest.mark.parametrize(
+    ("deltas", "aligns", "kw", "match"),
+    [
+        ([-1.0, -2.0], [1.0], {}, "2 deltas but 1 alignment"),
+        ([-1.0], [1.0], {"growth": 1.0}, "growth > 1"),
+        ([-1.0], [1.0], {"span": 0}, "span >= 1"),
+        ([-1.0], [1.0], {"floor": -1.0}, "floor >= 0"),
+    ],
+)
+def test_runaway_bad_input(deltas, aligns, kw, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        alignment_runaway(deltas, aligns, **kw)
+
+
+def test_runaway_warning_is_a_runtime_warning() -> None:
+    assert issubclass(AlignmentRunawayWarning, RuntimeWarning)

@@ -100,6 +100,43 @@ def test_alignment_loss_and_delta_are_tracked() -> None:
     assert "loss_align" not in _trainer("random").run().history[0]
 
 
+def _history(deltas: list[float], aligns: list[float]) -> list[dict]:
+    return [
+        {"epoch": i + 1, "delta": d, "loss_align": a}
+        for i, (d, a) in enumerate(zip(deltas, aligns, strict=True))
+    ]
+
+
+def test_alignment_runaway_is_found_once_and_kept_in_the_results() -> None:
+    from eada.train.loop import RunResult
+
+    deltas, aligns = [-8.8, -30.1, -58.9, -133.5, -503.6, -3038.4], [5, 18, 31, 65, 229, 1304]
+    res, found = RunResult(), []
+    for k in range(1, len(deltas) + 1):
+        res.history = _history(deltas[:k], aligns[:k])
+        found.append(ActiveDATrainer._check_alignment(res))
+    assert [m is not None for m in found] == [False] * 4 + [True, False]  # once, at epoch 5
+    assert found[4].startswith("Delta fell -58.9 -> -133.5 -> -503.6")
+    assert res.warnings == [{"kind": "alignment_runaway", "epoch": 5, "message": found[4]}]
+    assert res.to_dict()["warnings"] == res.warnings
+
+
+def test_runaway_reaches_the_user_through_progress_or_python_warnings(monkeypatch) -> None:
+    from eada.energy import AlignmentRunawayWarning
+
+    monkeypatch.setattr(ActiveDATrainer, "_check_alignment", staticmethod(lambda r: "Delta x"))
+    lines: list[str] = []
+    _trainer("eada", extra=["train.epochs=1", "active.rounds_at=[1]"]).run(lines.append)
+    assert "warning (epoch 1): Delta x" in lines and lines.index("warning (epoch 1): Delta x") > 0
+    with pytest.warns(AlignmentRunawayWarning, match="epoch 1: Delta x"):
+        _trainer("eada", extra=["train.epochs=1", "active.rounds_at=[1]"]).run()
+
+
+def test_stable_run_has_no_warnings() -> None:
+    res = _trainer("eada").run()
+    assert res.warnings == [] and res.to_dict()["warnings"] == []
+
+
 def test_budget_larger_than_pool_fails_before_training() -> None:
     cfg = preset_config("toy", "random", 0, [*FAST, "active.budget_per_round=400"])
     task = load_task(cfg.data, 0)

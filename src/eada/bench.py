@@ -246,6 +246,17 @@ def run_record(
                 },
             }
         )
+    epochs = [  # per-epoch training means (losses, Delta) and target accuracy where evaluated
+        {
+            **{k: v for k, v in h.items() if k != "metrics"},
+            **(
+                {"target_accuracy": h["metrics"]["target"]["accuracy"]}
+                if "target" in h.get("metrics", {})
+                else {}
+            ),
+        }
+        for h in res["history"]
+    ]
     return {
         "key": run.key,
         "task": run.task,
@@ -257,12 +268,14 @@ def run_record(
         "config": run.config.resolved(),
         "final": final,
         "rounds": rounds,
+        "epochs": epochs,
         "n_labeled": len(res["labeled_indices"]),
         "seconds": res["seconds"],
         "loadavg": list(os.getloadavg()),
         "torch_threads": torch.get_num_threads(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "code": code or {},
+        "warnings": [w["message"] for w in res.get("warnings", [])],
     }
 
 

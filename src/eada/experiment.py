@@ -61,7 +61,8 @@ def final_accuracy(
 
 
 def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean +- std over seeds: final (last and best epoch) and after every round."""
+    """Mean +- std over seeds: final (last and best epoch) and after every round; the runs'
+    training warnings, each with its seed."""
     out: dict[str, Any] = {"seeds": [r["seed"] for r in runs], "final": {}, "rounds": []}
     splits = [s for s in ("target", "heldout") if s in runs[0]["results"]["final"]["last_epoch"]]
     for which in ("last_epoch", "best_epoch"):
@@ -87,6 +88,9 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["protocol"] = final0.get("protocol")
     out["best_epochs"] = [r["results"]["final"]["best_epoch"]["epoch"] for r in runs]
     out["classes"] = runs[0]["results"].get("data", {}).get("classes")
+    out["warnings"] = [  # e.g. the L_fea scale runaway (eada.energy.alignment_runaway)
+        {"seed": r["seed"], **w} for r in runs for w in r["results"].get("warnings", [])
+    ]
     for split in splits:  # per-class accuracy at the last epoch (VisDA's table)
         pcs = [r["results"]["final"]["last_epoch"][split]["per_class_accuracy"] for r in runs]
         out["final"][f"last_epoch/{split}/per_class_accuracy"] = [

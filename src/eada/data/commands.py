@@ -54,7 +54,8 @@ def add_data_commands(sub: Any) -> None:
 
 
 def print_summary_extras(console: Console, summary: dict[str, Any]) -> None:
-    """Protocol, last/best epoch and (few classes, e.g. VisDA's 12) the per-class table."""
+    """Protocol, last/best epoch, training warnings and (few classes, e.g. VisDA's 12) the
+    per-class table."""
     fin = summary.get("final", {})
     if summary.get("protocol"):
         console.print(f"protocol: {summary['protocol']}; best epochs {summary.get('best_epochs')}")
@@ -66,6 +67,10 @@ def print_summary_extras(console: Console, summary: dict[str, Any]) -> None:
                 parts.append(f"{key} {v['mean']:.2f} ± {v['std']:.2f}")
         if parts:
             console.print(f"{which.replace('_', ' ')} target: " + ", ".join(parts))
+    for w in summary.get("warnings", []):
+        console.print(
+            f"[bold]warning[/bold] (seed {w['seed']}, epoch {w['epoch']}): {w['message']}"
+        )
     per_class = fin.get("last_epoch/target/per_class_accuracy")
     classes = summary.get("classes") or []
     if per_class and len(per_class) <= PER_CLASS_TABLE_MAX:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -214,6 +215,7 @@ class RunResult:
     labeled_indices: list[int] = field(default_factory=list)
     plan: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    warnings: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict for ``json.dump``."""
@@ -224,6 +226,7 @@ class RunResult:
             "final": self.final,
             "labeled_indices": self.labeled_indices,
             "seconds": self.seconds,
+            "warnings": self.warnings,
         }
 
 
@@ -384,6 +387,25 @@ class ActiveDATrainer:
             self.aux.step()
         out["loss"] = float(loss.detach())
         return out
+
+    @staticmethod
+    def _check_alignment(result: RunResult) -> str | None:
+        """The message when ``Delta`` and ``L_fea`` have just started to run away together
+        (:func:`eada.energy.alignment_runaway`), once per run; it is also kept in
+        ``result.warnings``. :meth:`run` shows it through ``progress`` when given, else as an
+        :class:`~eada.energy.AlignmentRunawayWarning`."""
+        if any(w["kind"] == "alignment_runaway" for w in result.warnings):
+            return None
+        hist = [h for h in result.history if "loss_align" in h]
+        message = energy_ops.alignment_runaway(
+            [h["delta"] for h in hist], [h["loss_align"] for h in hist]
+        )
+        if message is not None:
+            epoch = result.history[-1]["epoch"]
+            result.warnings.append(
+                {"kind": "alignment_runaway", "epoch": epoch, "message": message}
+            )
+        return message
 
     def steps_per_epoch(self) -> int:
         """``max(#source batches, #unlabeled batches)``, the reference code's epoch length."""
@@ -620,6 +642,7 @@ class ActiveDATrainer:
                     open_round = rec
                     self._emit("after_round", rec)
             result.history.append(record)
+            warning = self._check_alignment(result)  # before the checkpoint at "epoch_end"
             self._run_state = {
                 "epoch": epoch,
                 "result": result,
@@ -636,6 +659,12 @@ class ActiveDATrainer:
                 progress(
                     f"epoch {epoch}/{cfg.train.epochs} loss {record.get('loss', 0):.4f} "
                     f"target acc {acc_s} labeled {int(self.labeled_mask.sum())}"
+                )
+            if warning is not None and progress is not None:  # the CLI's progress lines
+                progress(f"warning (epoch {epoch}): {warning}")
+            elif warning is not None:
+                warnings.warn(
+                    f"epoch {epoch}: {warning}", energy_ops.AlignmentRunawayWarning, stacklevel=2
                 )
         last = result.history[-1]["metrics"]
         result.final = {
