@@ -380,11 +380,35 @@ def test_synthetic_pair_end_to_end(tmp_path: Path) -> None:
     losses = [h for h in run["history"] if "loss_align" in h]
     assert losses and all(math.isfinite(h["loss_align"]) for h in losses)
     assert any("loss_target" in h for h in run["history"])
+    assert run["warnings"] == [] and results["warnings"] == []  # no L_fea runaway here
     final = run["final"]
     assert set(final["per_class_iou"]) == {"background", "square", "disc", "triangle"}
     assert final["miou"] == results["final"]["miou"]["mean"]
     print("synthetic mIoU after 90 iterations:", final["miou"])
     assert final["miou"] > 50.0  # learned far beyond chance in 90 iterations
+
+
+def test_runaway_is_reported_by_the_segmentation_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The segmentation loop runs the same check on its log windows and reports a find once."""
+    from eada.segmentation import train as seg_train
+
+    def fake(history, found, at):  # finds a runaway in the second log window only
+        if len(history) != 2:
+            return None
+        found.append({"kind": "alignment_runaway", **at, "message": "Delta x"})
+        return "Delta x"
+
+    monkeypatch.setattr(seg_train, "check_alignment_runaway", fake)
+    out = tmp_path / "run"
+    sets = ["train.iterations=20", "active.rounds_at=[10]", "train.log_every=10"]
+    assert main(["run", str(SYN), "--out", str(out), *(a for x in sets for a in ("--set", x))]) == 0
+    run = json.loads((out / "runs.jsonl").read_text().splitlines()[0])["results"]
+    assert run["warnings"] == [{"kind": "alignment_runaway", "iteration": 20, "message": "Delta x"}]
+    printed = capsys.readouterr()
+    assert "warning (iteration 20): Delta x" in printed.err  # the progress lines
+    assert "warning (seed 0, iteration 20): Delta x" in printed.out  # the summary
 
 
 def test_trainer_uses_labels_only_of_selected_images() -> None:

@@ -107,27 +107,35 @@ def _history(deltas: list[float], aligns: list[float]) -> list[dict]:
     ]
 
 
-def test_alignment_runaway_is_found_once_and_kept_in_the_results() -> None:
-    from eada.train.loop import RunResult
+def test_alignment_runaway_is_found_once_and_kept() -> None:
+    from eada.train.loop import check_alignment_runaway
 
     deltas, aligns = [-8.8, -30.1, -58.9, -133.5, -503.6, -3038.4], [5, 18, 31, 65, 229, 1304]
-    res, found = RunResult(), []
+    history: list[dict] = []
+    found: list[dict] = []
+    messages = []
     for k in range(1, len(deltas) + 1):
-        res.history = _history(deltas[:k], aligns[:k])
-        found.append(ActiveDATrainer._check_alignment(res))
-    assert [m is not None for m in found] == [False] * 4 + [True, False]  # once, at epoch 5
-    assert found[4].startswith("Delta fell -58.9 -> -133.5 -> -503.6")
-    assert res.warnings == [{"kind": "alignment_runaway", "epoch": 5, "message": found[4]}]
-    assert res.to_dict()["warnings"] == res.warnings
+        history = _history(deltas[:k], aligns[:k])
+        messages.append(check_alignment_runaway(history, found, {"epoch": k}))
+    assert [m is not None for m in messages] == [False] * 4 + [True, False]  # once, at epoch 5
+    assert messages[4].startswith("Delta fell -58.9 -> -133.5 -> -503.6")
+    assert found == [{"kind": "alignment_runaway", "epoch": 5, "message": messages[4]}]
 
 
 def test_runaway_reaches_the_user_through_progress_or_python_warnings(monkeypatch) -> None:
     from eada.energy import AlignmentRunawayWarning
+    from eada.train import loop
 
-    monkeypatch.setattr(ActiveDATrainer, "_check_alignment", staticmethod(lambda r: "Delta x"))
+    def fake(history, found, at):
+        found.append({"kind": "alignment_runaway", **at, "message": "Delta x"})
+        return "Delta x"
+
+    monkeypatch.setattr(loop, "check_alignment_runaway", fake)
     lines: list[str] = []
-    _trainer("eada", extra=["train.epochs=1", "active.rounds_at=[1]"]).run(lines.append)
+    res = _trainer("eada", extra=["train.epochs=1", "active.rounds_at=[1]"]).run(lines.append)
     assert "warning (epoch 1): Delta x" in lines and lines.index("warning (epoch 1): Delta x") > 0
+    assert res.warnings == [{"kind": "alignment_runaway", "epoch": 1, "message": "Delta x"}]
+    assert res.to_dict()["warnings"] == res.warnings
     with pytest.warns(AlignmentRunawayWarning, match="epoch 1: Delta x"):
         _trainer("eada", extra=["train.epochs=1", "active.rounds_at=[1]"]).run()
 

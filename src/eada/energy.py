@@ -207,7 +207,8 @@ def alignment_runaway(
     span: int = 2,
     floor: float = 100.0,
 ) -> str | None:
-    """Detect the scale runaway of the free-energy alignment loss from per-epoch means.
+    """Detect the scale runaway of the free-energy alignment loss from per-epoch means (or the
+    means of any fixed log window, e.g. the segmentation trainer's ``log_every`` iterations).
 
     ``L_fea = max(0, F(x_t) - Delta)`` has a shortcut: scaling every energy up lowers the target
     free energy, but it lowers the source free energy too, and ``Delta`` follows it down, so the
@@ -220,7 +221,7 @@ def alignment_runaway(
     the point where ``exp(-F)`` overflows float32 (``log`` of its largest value is 88.7).
 
     Args:
-        deltas: mean ``Delta`` of each epoch so far, oldest first.
+        deltas: mean ``Delta`` of each epoch (window) so far, oldest first.
         align_losses: mean ``L_fea`` of the same epochs.
         growth: per-epoch factor of ``|Delta|`` that counts as runaway.
         span: consecutive epochs the factor must hold.
@@ -252,8 +253,8 @@ def alignment_runaway(
     return (
         f"Delta fell {path} and the alignment loss rose {a[0]:.1f} -> {a[-1]:.1f} over the last "
         f"{span} epochs: L_fea is scaling all energies up instead of aligning the domains. "
-        "Lower train.gamma (0.001 was stable on MNIST->MNIST-M) or use a model whose energy "
-        "scale is bounded."
+        "Lower train.gamma (0.001 trained stably on MNIST->MNIST-M, where 0.01 ran away with "
+        "Adam; see BENCHMARKS.md)."
     )
 
 

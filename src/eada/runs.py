@@ -127,6 +127,17 @@ def summarize(values: list[float]) -> dict[str, float | None]:
     return {"mean": float(arr.mean()), "std": float(arr.std(ddof=1)) if len(arr) > 1 else 0.0}
 
 
+def format_warning(w: dict[str, Any]) -> str:
+    """One line for a training warning of a run summary, e.g.
+    ``warning (seed 0, epoch 5): Delta fell ...``.
+
+    >>> format_warning({"seed": 1, "kind": "alignment_runaway", "iteration": 400, "message": "m"})
+    'warning (seed 1, iteration 400): m'
+    """
+    where = ", ".join(f"{k} {w[k]}" for k in ("seed", "epoch", "iteration") if k in w)
+    return f"warning ({where}): {w['message']}"
+
+
 def parse_seeds(spec: str) -> list[int]:
     """``"0-4"`` -> [0..4]; ``"0,2,5"`` -> [0, 2, 5]; ``"3"`` -> [3]."""
     seeds: list[int] = []

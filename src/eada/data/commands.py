@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eada.data.images import check_pair, index_folder, load_image_list
+from eada.runs import format_warning
 
 PER_CLASS_TABLE_MAX = 20  # print a per-class table when a task has at most this many classes
 
@@ -68,9 +69,7 @@ def print_summary_extras(console: Console, summary: dict[str, Any]) -> None:
         if parts:
             console.print(f"{which.replace('_', ' ')} target: " + ", ".join(parts))
     for w in summary.get("warnings", []):
-        console.print(
-            f"[bold]warning[/bold] (seed {w['seed']}, epoch {w['epoch']}): {w['message']}"
-        )
+        console.print(format_warning(w), highlight=False, markup=False)
     per_class = fin.get("last_epoch/target/per_class_accuracy")
     classes = summary.get("classes") or []
     if per_class and len(per_class) <= PER_CLASS_TABLE_MAX:

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eada.config import ConfigError
-from eada.runs import parse_seeds
+from eada.runs import format_warning, parse_seeds
 from eada.segmentation.config import (
     GtavCityscapesData,
     SegExperimentConfig,
@@ -138,5 +138,7 @@ def run_segmentation_command(
     fin = summary["final"]["miou"]
     table.add_row("final", "", f"{fin['mean']:.2f} ± {fin['std']:.2f}")
     console.print(table)
+    for w in summary.get("warnings", []):
+        console.print(format_warning(w), highlight=False, markup=False)
     console.print(f"results: {out / 'results.json'}")
     return 0

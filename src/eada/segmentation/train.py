@@ -49,7 +49,11 @@ from eada.segmentation.metrics import ConfusionMatrix
 from eada.segmentation.model import build_seg_model
 from eada.segmentation.scoring import flatten_pixels, score_images, select_images
 from eada.strategies import BudgetTooLargeError, stage_sizes
-from eada.train.loop import resolve_device
+from eada.train.loop import (
+    check_alignment_runaway,
+    report_alignment_runaway,
+    resolve_device,
+)
 
 
 def poly_lr(base_lr: float, iteration: int, max_iterations: int, power: float = 0.9) -> float:
@@ -374,6 +378,7 @@ class SegActiveTrainer:
         rounds_at = {p["iteration"]: p for p in self.plan}
         rounds: list[dict[str, Any]] = []
         history: list[dict[str, Any]] = []
+        found: list[dict[str, Any]] = []  # training warnings (the L_fea scale runaway)
         open_round: dict[str, Any] | None = None
         sums: dict[str, float] = {}
         n_sum = 0
@@ -412,12 +417,15 @@ class SegActiveTrainer:
                         rounds.append(rec)
                         open_round = rec
                 history.append(record)
+                warning = check_alignment_runaway(history, found, {"iteration": it})
                 if progress is not None:
                     miou = f"{record['val']['miou']:.2f}" if "val" in record else "-"
                     progress(
                         f"iter {it}/{total} loss {record.get('loss', 0.0):.4f} "
                         f"val mIoU {miou} labeled {int(self.labeled.sum())}"
                     )
+                if warning is not None:
+                    report_alignment_runaway(warning, f"iteration {it}", progress)
         final = history[-1]["val"]
         return {
             "plan": self.plan,
@@ -427,6 +435,7 @@ class SegActiveTrainer:
             "delta": self.delta.value,
             "labeled_indices": np.flatnonzero(self.labeled).tolist(),
             "seconds": time.perf_counter() - start,
+            "warnings": found,
         }
 
 
@@ -442,7 +451,8 @@ def run_seg_once(
 
 
 def summarize_seg_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean +- std over seeds of the final mIoU, per-class IoU and the mIoU after each round."""
+    """Mean +- std over seeds of the final mIoU, per-class IoU and the mIoU after each round;
+    the runs' training warnings, each with its seed."""
     final = [r["results"]["final"] for r in runs]
     out: dict[str, Any] = {"seeds": [r["seed"] for r in runs], "rounds": []}
     out["final"] = {
@@ -459,6 +469,9 @@ def summarize_seg_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if len(vals) == len(recs):
             row["miou"] = {"values": vals, **summarize(vals)}
         out["rounds"].append(row)
+    out["warnings"] = [
+        {"seed": r["seed"], **w} for r in runs for w in r["results"].get("warnings", [])
+    ]
     return out
 
 

@@ -205,6 +205,36 @@ class Proposal:
     selection_seconds: float
 
 
+def check_alignment_runaway(
+    history: list[dict[str, Any]], found: list[dict[str, Any]], at: dict[str, int]
+) -> str | None:
+    """Look for the ``L_fea`` scale runaway (:func:`eada.energy.alignment_runaway`) in a
+    trainer's log records (each with ``delta`` and ``loss_align`` means); on the first find,
+    append ``{"kind": "alignment_runaway", **at, "message": ...}`` to ``found`` and return the
+    message. Returns ``None`` when there is none, or when ``found`` already has one (once per
+    run). ``at`` says where it was found, e.g. ``{"epoch": 5}`` or ``{"iteration": 4000}``."""
+    if any(w["kind"] == "alignment_runaway" for w in found):
+        return None
+    hist = [h for h in history if "loss_align" in h]
+    message = energy_ops.alignment_runaway(
+        [h["delta"] for h in hist], [h["loss_align"] for h in hist]
+    )
+    if message is not None:
+        found.append({"kind": "alignment_runaway", **at, "message": message})
+    return message
+
+
+def report_alignment_runaway(
+    message: str, where: str, progress: Callable[[str], None] | None
+) -> None:
+    """Show a runaway message: as a progress line (the CLI) when ``progress`` is given, else
+    as an :class:`~eada.energy.AlignmentRunawayWarning`."""
+    if progress is not None:
+        progress(f"warning ({where}): {message}")
+    else:
+        warnings.warn(f"{where}: {message}", energy_ops.AlignmentRunawayWarning, stacklevel=3)
+
+
 @dataclass
 class RunResult:
     """Everything a run measured (JSON-ready via :meth:`to_dict`)."""
@@ -387,25 +417,6 @@ class ActiveDATrainer:
             self.aux.step()
         out["loss"] = float(loss.detach())
         return out
-
-    @staticmethod
-    def _check_alignment(result: RunResult) -> str | None:
-        """The message when ``Delta`` and ``L_fea`` have just started to run away together
-        (:func:`eada.energy.alignment_runaway`), once per run; it is also kept in
-        ``result.warnings``. :meth:`run` shows it through ``progress`` when given, else as an
-        :class:`~eada.energy.AlignmentRunawayWarning`."""
-        if any(w["kind"] == "alignment_runaway" for w in result.warnings):
-            return None
-        hist = [h for h in result.history if "loss_align" in h]
-        message = energy_ops.alignment_runaway(
-            [h["delta"] for h in hist], [h["loss_align"] for h in hist]
-        )
-        if message is not None:
-            epoch = result.history[-1]["epoch"]
-            result.warnings.append(
-                {"kind": "alignment_runaway", "epoch": epoch, "message": message}
-            )
-        return message
 
     def steps_per_epoch(self) -> int:
         """``max(#source batches, #unlabeled batches)``, the reference code's epoch length."""
@@ -642,7 +653,9 @@ class ActiveDATrainer:
                     open_round = rec
                     self._emit("after_round", rec)
             result.history.append(record)
-            warning = self._check_alignment(result)  # before the checkpoint at "epoch_end"
+            warning = check_alignment_runaway(  # before the checkpoint at "epoch_end"
+                result.history, result.warnings, {"epoch": epoch}
+            )
             self._run_state = {
                 "epoch": epoch,
                 "result": result,
@@ -660,12 +673,8 @@ class ActiveDATrainer:
                     f"epoch {epoch}/{cfg.train.epochs} loss {record.get('loss', 0):.4f} "
                     f"target acc {acc_s} labeled {int(self.labeled_mask.sum())}"
                 )
-            if warning is not None and progress is not None:  # the CLI's progress lines
-                progress(f"warning (epoch {epoch}): {warning}")
-            elif warning is not None:
-                warnings.warn(
-                    f"epoch {epoch}: {warning}", energy_ops.AlignmentRunawayWarning, stacklevel=2
-                )
+            if warning is not None:
+                report_alignment_runaway(warning, f"epoch {epoch}", progress)
         last = result.history[-1]["metrics"]
         result.final = {
             "protocol": "whole target set (transductive), last epoch",
