@@ -120,7 +120,7 @@ def test_target_supervised_trains_on_every_target_label(tmp_path: Path) -> None:
     # every line names the code that produced it (a resumed grid may span several commits)
     assert set(rec["code"]) == {"git", "eada", "torch", "numpy"}
     assert rec["code"]["torch"] == torch.__version__
-    assert rec["warnings"] == []  # training warnings (eada.energy.alignment_runaway) travel too
+    assert rec["warnings"] == []
     assert [e["epoch"] for e in rec["epochs"]] == [1, 2]  # TINY: train.epochs=2
     assert all("loss_source" in e and "target_accuracy" in e for e in rec["epochs"])
 
@@ -159,3 +159,17 @@ def test_killed_bench_resumes_and_gives_the_same_table(tmp_path: Path) -> None:
     table = bench.accuracy_table(list(recs_full.values()))
     assert table == bench.accuracy_table(list(recs_killed.values()))
     assert table in resumed.stdout
+
+
+def test_training_warnings_travel_in_the_bench_line(tmp_path: Path, monkeypatch) -> None:
+    from eada import energy
+
+    def fires_at_two(deltas, aligns, unit="epochs"):
+        return "Delta ran away" if len(deltas) == 2 else None
+
+    monkeypatch.setattr(energy, "alignment_runaway", fires_at_two)
+    runs = bench.build_grid(["toy"], ["eada", "random"], [0], TINY)
+    with pytest.warns(energy.AlignmentRunawayWarning):
+        eada_rec, random_rec = bench.run_grid(runs, tmp_path)
+    assert eada_rec["warnings"] == ["Delta ran away"]
+    assert random_rec["warnings"] == []  # no L_fea (gamma = 0), nothing to watch

@@ -394,13 +394,14 @@ def test_runaway_is_reported_by_the_segmentation_trainer(
     """The segmentation loop runs the same check on its log windows and reports a find once."""
     from eada.segmentation import train as seg_train
 
-    def fake(history, found, at):  # finds a runaway in the second log window only
+    def fake(history, found, at, unit):  # finds a runaway in the second log window only
+        assert unit == "log windows"
         if len(history) != 2:
             return None
         found.append({"kind": "alignment_runaway", **at, "message": "Delta x"})
         return "Delta x"
 
-    monkeypatch.setattr(seg_train, "check_alignment_runaway", fake)
+    monkeypatch.setattr(seg_train, "record_alignment_runaway", fake)
     out = tmp_path / "run"
     sets = ["train.iterations=20", "active.rounds_at=[10]", "train.log_every=10"]
     assert main(["run", str(SYN), "--out", str(out), *(a for x in sets for a in ("--set", x))]) == 0

@@ -108,36 +108,75 @@ def _history(deltas: list[float], aligns: list[float]) -> list[dict]:
 
 
 def test_alignment_runaway_is_found_once_and_kept() -> None:
-    from eada.train.loop import check_alignment_runaway
+    from eada.train.loop import record_alignment_runaway
 
     deltas, aligns = [-8.8, -30.1, -58.9, -133.5, -503.6, -3038.4], [5, 18, 31, 65, 229, 1304]
-    history: list[dict] = []
     found: list[dict] = []
     messages = []
     for k in range(1, len(deltas) + 1):
-        history = _history(deltas[:k], aligns[:k])
-        messages.append(check_alignment_runaway(history, found, {"epoch": k}))
+        messages.append(
+            record_alignment_runaway(_history(deltas[:k], aligns[:k]), found, {"epoch": k})
+        )
     assert [m is not None for m in messages] == [False] * 4 + [True, False]  # once, at epoch 5
     assert messages[4].startswith("Delta fell -58.9 -> -133.5 -> -503.6")
     assert found == [{"kind": "alignment_runaway", "epoch": 5, "message": messages[4]}]
 
 
+def _fires_from(n: int):
+    """A stand-in for eada.energy.alignment_runaway that fires once the log has n epochs."""
+
+    def fake(deltas, aligns, unit="epochs"):
+        return f"Delta x after {len(deltas)} {unit}" if len(deltas) >= n else None
+
+    return fake
+
+
 def test_runaway_reaches_the_user_through_progress_or_python_warnings(monkeypatch) -> None:
+    from eada import energy
     from eada.energy import AlignmentRunawayWarning
-    from eada.train import loop
 
-    def fake(history, found, at):
-        found.append({"kind": "alignment_runaway", **at, "message": "Delta x"})
-        return "Delta x"
-
-    monkeypatch.setattr(loop, "check_alignment_runaway", fake)
+    monkeypatch.setattr(energy, "alignment_runaway", _fires_from(1))
     lines: list[str] = []
     res = _trainer("eada", extra=["train.epochs=1", "active.rounds_at=[1]"]).run(lines.append)
-    assert "warning (epoch 1): Delta x" in lines and lines.index("warning (epoch 1): Delta x") > 0
-    assert res.warnings == [{"kind": "alignment_runaway", "epoch": 1, "message": "Delta x"}]
+    msg = "Delta x after 1 epochs"
+    assert lines.index(f"warning (epoch 1): {msg}") == 1  # right after the epoch's line
+    assert res.warnings == [{"kind": "alignment_runaway", "epoch": 1, "message": msg}]
     assert res.to_dict()["warnings"] == res.warnings
-    with pytest.warns(AlignmentRunawayWarning, match="epoch 1: Delta x"):
+    with pytest.warns(AlignmentRunawayWarning, match=f"epoch 1: {msg}"):
         _trainer("eada", extra=["train.epochs=1", "active.rounds_at=[1]"]).run()
+
+
+def test_runaway_log_spans_checkpoints_and_warns_once_per_model(monkeypatch) -> None:
+    """``eada train`` trains a model in segments (a new trainer per segment, restored from the
+    last checkpoint): the Delta/L_fea log travels in the checkpoint, so a runaway spread over
+    segments is found, and a model that was warned is not warned again."""
+    from eada import energy
+
+    monkeypatch.setattr(energy, "alignment_runaway", _fires_from(4))
+
+    cfg = preset_config("toy", "eada", 0, ["train.epochs=2", "active.rounds_at=[1]"])
+    cfg = cfg.model_copy(update={"active": cfg.active.model_copy(update={"rounds_at": []})})
+    task = load_task(cfg.data, 0)
+
+    def segment(state):  # as the store builds a segment: same config, no rounds
+        tr = ActiveDATrainer(cfg, task)
+        if state is not None:
+            tr.load_state_dict(state, progress=False)
+        return tr, tr.run(progress=lambda line: None)
+
+    tr1, res1 = segment(None)
+    assert len(tr1.alignment_log) == 2 and res1.warnings == []
+    tr2, res2 = segment(tr1.state_dict())
+    assert len(tr2.alignment_log) == 4
+    assert res2.warnings == [
+        {"kind": "alignment_runaway", "epoch": 2, "message": "Delta x after 4 epochs"}
+    ]
+    tr3, res3 = segment(tr2.state_dict())
+    assert len(tr3.alignment_log) == 6 and res3.warnings == []  # once per model
+    assert tr3.alignment_warnings == res2.warnings
+    old = {k: v for k, v in tr2.state_dict().items() if k != "alignment"}  # older checkpoint
+    tr4, _ = segment(old)
+    assert len(tr4.alignment_log) == 2
 
 
 def test_stable_run_has_no_warnings() -> None:

@@ -18,7 +18,14 @@ from typing import Any
 from eada.config import ExperimentConfig
 from eada.data.tasks import Task, load_task
 from eada.distributed import broadcast_object, rank_world
-from eada.runs import append_jsonl, environment_info, read_jsonl, summarize, write_json
+from eada.runs import (
+    append_jsonl,
+    collect_warnings,
+    environment_info,
+    read_jsonl,
+    summarize,
+    write_json,
+)
 from eada.train import ActiveDATrainer
 from eada.train.loop import Callback
 
@@ -88,9 +95,7 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out["protocol"] = final0.get("protocol")
     out["best_epochs"] = [r["results"]["final"]["best_epoch"]["epoch"] for r in runs]
     out["classes"] = runs[0]["results"].get("data", {}).get("classes")
-    out["warnings"] = [  # e.g. the L_fea scale runaway (eada.energy.alignment_runaway)
-        {"seed": r["seed"], **w} for r in runs for w in r["results"].get("warnings", [])
-    ]
+    out["warnings"] = collect_warnings(runs)  # e.g. the L_fea runaway (eada.energy)
     for split in splits:  # per-class accuracy at the last epoch (VisDA's table)
         pcs = [r["results"]["final"]["last_epoch"][split]["per_class_accuracy"] for r in runs]
         out["final"][f"last_epoch/{split}/per_class_accuracy"] = [

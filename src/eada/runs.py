@@ -127,6 +127,12 @@ def summarize(values: list[float]) -> dict[str, float | None]:
     return {"mean": float(arr.mean()), "std": float(arr.std(ddof=1)) if len(arr) > 1 else 0.0}
 
 
+def collect_warnings(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The training warnings of run records (``{"seed", "results": {"warnings": [...]}}``),
+    each with its seed, for a multi-seed summary."""
+    return [{"seed": r["seed"], **w} for r in runs for w in r["results"].get("warnings", [])]
+
+
 def format_warning(w: dict[str, Any]) -> str:
     """One line for a training warning of a run summary, e.g.
     ``warning (seed 0, epoch 5): Delta fell ...``.

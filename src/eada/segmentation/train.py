@@ -36,7 +36,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from eada import energy as energy_ops
-from eada.runs import append_jsonl, environment_info, read_jsonl, summarize, write_json
+from eada.runs import (
+    append_jsonl,
+    collect_warnings,
+    environment_info,
+    read_jsonl,
+    summarize,
+    write_json,
+)
 from eada.segmentation.config import SegActiveConfig, SegExperimentConfig, SegOptimConfig
 from eada.segmentation.data import (
     IGNORE_INDEX,
@@ -50,7 +57,7 @@ from eada.segmentation.model import build_seg_model
 from eada.segmentation.scoring import flatten_pixels, score_images, select_images
 from eada.strategies import BudgetTooLargeError, stage_sizes
 from eada.train.loop import (
-    check_alignment_runaway,
+    record_alignment_runaway,
     report_alignment_runaway,
     resolve_device,
 )
@@ -417,7 +424,9 @@ class SegActiveTrainer:
                         rounds.append(rec)
                         open_round = rec
                 history.append(record)
-                warning = check_alignment_runaway(history, found, {"iteration": it})
+                warning = record_alignment_runaway(
+                    history, found, {"iteration": it}, unit="log windows"
+                )
                 if progress is not None:
                     miou = f"{record['val']['miou']:.2f}" if "val" in record else "-"
                     progress(
@@ -469,9 +478,7 @@ def summarize_seg_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if len(vals) == len(recs):
             row["miou"] = {"values": vals, **summarize(vals)}
         out["rounds"].append(row)
-    out["warnings"] = [
-        {"seed": r["seed"], **w} for r in runs for w in r["results"].get("warnings", [])
-    ]
+    out["warnings"] = collect_warnings(runs)
     return out
 
 

@@ -386,6 +386,7 @@ class Project:
             "epoch": end,
             "n_labeled": int(trainer.labeled_mask.sum()),
             "metrics": last,
+            "warnings": result.warnings,  # e.g. the L_fea runaway, found over all segments
         }
 
     # -- query --------------------------------------------------------------------------------

@@ -205,19 +205,24 @@ class Proposal:
     selection_seconds: float
 
 
-def check_alignment_runaway(
-    history: list[dict[str, Any]], found: list[dict[str, Any]], at: dict[str, int]
+def record_alignment_runaway(
+    log: list[dict[str, Any]],
+    found: list[dict[str, Any]],
+    at: dict[str, int],
+    unit: str = "epochs",
 ) -> str | None:
     """Look for the ``L_fea`` scale runaway (:func:`eada.energy.alignment_runaway`) in a
-    trainer's log records (each with ``delta`` and ``loss_align`` means); on the first find,
-    append ``{"kind": "alignment_runaway", **at, "message": ...}`` to ``found`` and return the
-    message. Returns ``None`` when there is none, or when ``found`` already has one (once per
-    run). ``at`` says where it was found, e.g. ``{"epoch": 5}`` or ``{"iteration": 4000}``."""
+    trainer's log (records with ``delta`` and ``loss_align`` means, one per epoch or log
+    window; records without ``loss_align`` are skipped). On the first find, append
+    ``{"kind": "alignment_runaway", **at, "message": ...}`` to ``found`` and return the message.
+    Returns ``None`` when there is none, or when ``found`` already has one (once per model).
+    ``at`` says where it was found, e.g. ``{"epoch": 5}`` or ``{"iteration": 4000}``; ``unit``
+    what one log record covers, for the message."""
     if any(w["kind"] == "alignment_runaway" for w in found):
         return None
-    hist = [h for h in history if "loss_align" in h]
+    hist = [h for h in log if "loss_align" in h]
     message = energy_ops.alignment_runaway(
-        [h["delta"] for h in hist], [h["loss_align"] for h in hist]
+        [h["delta"] for h in hist], [h["loss_align"] for h in hist], unit=unit
     )
     if message is not None:
         found.append({"kind": "alignment_runaway", **at, "message": message})
@@ -315,6 +320,9 @@ class ActiveDATrainer:
         self.delta = energy_ops.DeltaEstimator(
             cfg.train.delta_mode, cfg.train.delta_momentum, seed=cfg.seed + 1
         )
+        # per-epoch Delta / L_fea means and the runaway warnings found in them (model lifetime)
+        self.alignment_log: list[dict[str, float]] = []
+        self.alignment_warnings: list[dict[str, Any]] = []
         self.strategy_rng = np.random.default_rng(cfg.seed + 2)
         gen = torch.Generator().manual_seed(cfg.seed + 3)
         n_t = len(task.target)
@@ -417,6 +425,18 @@ class ActiveDATrainer:
             self.aux.step()
         out["loss"] = float(loss.detach())
         return out
+
+    def _watch_alignment(self, record: dict[str, Any], epoch: int) -> str | None:
+        """Add an epoch's ``Delta`` and ``L_fea`` means to :attr:`alignment_log` (kept in the
+        checkpoints, so the log spans every schedule a model is trained under, e.g. the
+        segments of ``eada train``) and return the runaway message on its first find."""
+        if "loss_align" in record:
+            self.alignment_log.append(
+                {"delta": record["delta"], "loss_align": record["loss_align"]}
+            )
+        return record_alignment_runaway(
+            self.alignment_log, self.alignment_warnings, {"epoch": epoch}
+        )
 
     def steps_per_epoch(self) -> int:
         """``max(#source batches, #unlabeled batches)``, the reference code's epoch length."""
@@ -563,6 +583,9 @@ class ActiveDATrainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "delta": json.dumps(self.delta.state_dict()),
+            "alignment": json.dumps(
+                {"log": self.alignment_log, "warnings": self.alignment_warnings}
+            ),
             "strategy_rng": json.dumps(self.strategy_rng.bit_generator.state),
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -589,6 +612,8 @@ class ActiveDATrainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.delta.load_state_dict(json.loads(state["delta"]))
+        alignment = json.loads(state.get("alignment", '{"log": [], "warnings": []}'))
+        self.alignment_log, self.alignment_warnings = alignment["log"], alignment["warnings"]
         self.strategy_rng.bit_generator.state = json.loads(state["strategy_rng"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
@@ -653,16 +678,9 @@ class ActiveDATrainer:
                     open_round = rec
                     self._emit("after_round", rec)
             result.history.append(record)
-            warning = check_alignment_runaway(  # before the checkpoint at "epoch_end"
-                result.history, result.warnings, {"epoch": epoch}
-            )
-            self._run_state = {
-                "epoch": epoch,
-                "result": result,
-                "best": best,
-                "open_round": open_round is not None,
-            }
-            self._emit("epoch_end", record)
+            warning = self._watch_alignment(record, epoch)
+            if warning is not None:
+                result.warnings.append(self.alignment_warnings[-1])
             if progress is not None:
                 acc_s = (
                     f"{record['metrics']['target']['accuracy']:.2f}%"
@@ -673,8 +691,15 @@ class ActiveDATrainer:
                     f"epoch {epoch}/{cfg.train.epochs} loss {record.get('loss', 0):.4f} "
                     f"target acc {acc_s} labeled {int(self.labeled_mask.sum())}"
                 )
-            if warning is not None:
+            if warning is not None and self.rank == 0:  # shown before the checkpoint below
                 report_alignment_runaway(warning, f"epoch {epoch}", progress)
+            self._run_state = {
+                "epoch": epoch,
+                "result": result,
+                "best": best,
+                "open_round": open_round is not None,
+            }
+            self._emit("epoch_end", record)
         last = result.history[-1]["metrics"]
         result.final = {
             "protocol": "whole target set (transductive), last epoch",
