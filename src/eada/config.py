@@ -192,7 +192,8 @@ class ActiveConfig(_Strict):
     """
 
     strategy: str = "eada"
-    rounds_at: list[int] = Field(default_factory=lambda: [2, 4, 6, 8, 10])
+    # five rounds, each followed by training (train.epochs defaults to 10)
+    rounds_at: list[int] = Field(default_factory=lambda: [1, 3, 5, 7, 9])
     budget_per_round: int | float = 0.01
     alpha1: float = Field(0.5, gt=0, le=1)
     selection_rule: Literal["paper", "reference"] = "paper"
@@ -277,10 +278,17 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _rounds_within_epochs(self) -> ExperimentConfig:
-        if self.active.rounds_at and self.active.rounds_at[-1] > self.train.epochs:
+        rounds, epochs = self.active.rounds_at, self.train.epochs
+        if self.active.enabled and rounds[-1] >= epochs:
+            # a round selects at the END of its epoch: at (or after) the last epoch its labels
+            # would never be trained on
+            early = ",".join(str(r) for r in rounds if r < epochs)
+            fix = f"raise train.epochs (--set train.epochs={rounds[-1] + 1})"
+            if early:
+                fix += f" or drop the late rounds (--set active.rounds_at=[{early}])"
             raise ValueError(
-                f"active.rounds_at {self.active.rounds_at} goes past "
-                f"train.epochs={self.train.epochs}"
+                f"active.rounds_at {rounds} has a round at or after the last epoch "
+                f"(train.epochs={epochs}), whose labels would never be trained on: {fix}"
             )
         return self
 

@@ -554,14 +554,16 @@ class ActiveDATrainer:
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
-        """Metrics on the whole target (transductive, as the paper) and the held-out split."""
+        """Metrics on the whole target (transductive, as the paper), on the target samples not
+        labeled so far (``target_unlabeled``; at the end: never labeled) and on the held-out
+        split."""
         target = self.task.target
         e = self._predict(target)  # one pass, reused below
         out: dict[str, Any] = {"target": domain_metrics(e, target.y, target.num_classes)}
         if (held := self.task.heldout) is not None:
             out["heldout"] = domain_metrics(self._predict(held), held.y, held.num_classes)
         unl = torch.nonzero(~self.labeled_mask).squeeze(1)
-        if 0 < len(unl) < len(target):
+        if len(unl) > 0:
             out["target_unlabeled"] = accuracy_metrics(e[unl], target.y[unl], target.num_classes)
         return out
 
