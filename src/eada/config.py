@@ -71,7 +71,8 @@ class DigitsData(_Strict):
 
 
 class ImageTransforms(_Strict):
-    """Image views (see :mod:`eada.data.transforms`); defaults = the paper's protocol."""
+    """Image views (see :mod:`eada.data.transforms`); defaults = the authors' views, except
+    ``unlabeled_view`` (the authors': ``random_crop``, used by the paper configs)."""
 
     resize: int = Field(256, ge=8)
     crop: int = Field(224, ge=8)
