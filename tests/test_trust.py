@@ -188,3 +188,24 @@ def test_errors_are_one_line_whatever_the_path_length(
     # brackets in a message are text, not markup
     assert main(["report", str(tmp_path / "[bold]x")]) == 2
     assert "[bold]x" in capsys.readouterr().err
+
+
+def test_scores_from_energies_are_one_blockwise_pass() -> None:
+    """EADA from energies computes F and U block by block (one pass over the matrix, block-
+    sized temporaries), with exactly the values of the whole-matrix functions."""
+    import numpy as np
+    import torch
+
+    from eada import energy
+    from eada.strategies import PoolOutputs
+
+    rng = np.random.default_rng(0)
+    e = rng.normal(size=(3001, 345)).astype(np.float32)  # > 1 block of ~760 rows
+    pool = PoolOutputs(energies=e, n_target=len(e))
+    f, u = pool.get_free_energy(), pool.get_mvsm()
+    assert np.array_equal(f, energy.free_energy(torch.from_numpy(e)).numpy())
+    assert np.array_equal(u, energy.mvsm(torch.from_numpy(e)).numpy())
+    one = PoolOutputs(energies=e[:, :1].copy())  # one class: F exists, U does not
+    assert one.get_free_energy().shape == (3001,)
+    with pytest.raises(ValueError, match="2 classes"):
+        one.get_mvsm()
