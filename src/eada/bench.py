@@ -16,9 +16,11 @@ per value, e.g. the alpha1/alpha2 grid of the paper's Table 3, gamma or delta_s.
 Each finished run appends ONE JSON line to ``OUT/runs.jsonl`` (fsynced; it names the code that
 ran it: git commit, eada/torch/numpy versions); a re-run skips the runs
 already there, so a grid killed half-way picks up where it stopped and, training being
-deterministic on a fixed seed, ends with the same accuracy table. A line whose config differs
-from the current grid's config for the same run is an error (stale results; use another
-``--out``). Tables (Markdown, LaTeX) are built from the lines only:
+deterministic on a fixed seed, ends with the same accuracy table. A run is known by its task's
+identity (a preset's name, a YAML file's resolved path: ``configs/x.yaml``, ``./configs/x.yaml``
+and its absolute path are one task), method, sweep variant and seed; a line whose config differs
+from the current grid's config for the same run is an error naming the keys (stale results; use
+another ``--out``). Tables (Markdown, LaTeX) are built from the lines only:
 
 * accuracy (paper Tables 1-2): methods x tasks, final target accuracy mean +- std over seeds,
   plus the mean over tasks;
