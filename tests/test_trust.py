@@ -209,3 +209,8 @@ def test_scores_from_energies_are_one_blockwise_pass() -> None:
     assert one.get_free_energy().shape == (3001,)
     with pytest.raises(ValueError, match="2 classes"):
         one.get_mvsm()
+    for bad in (np.nan, np.inf, -np.inf):  # checked without an (N, C) temporary
+        e2 = e.copy()
+        e2[1234, 7] = bad
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            PoolOutputs(energies=e2)

@@ -89,7 +89,8 @@ class PoolOutputs:
             )
             if not np.issubdtype(arr.dtype, np.floating):
                 arr = arr.astype(np.float64)
-            if not np.isfinite(arr).all():
+            # min and max carry any NaN or infinity: two reads, no (N, C) boolean temporary
+            if arr.size and not (np.isfinite(arr.min()) and np.isfinite(arr.max())):
                 raise ValueError(f"pool {name} contain NaN or infinite values")
             setattr(self, name, arr)
         sizes = {n: len(v) for n, v in self._arrays().items()}
