@@ -169,6 +169,11 @@ def test_summaries_and_tables_show_accuracy_on_never_labeled_target(
     # before any label the never-labeled set is the whole target
     r0 = run["results"]["rounds"][0]["after_training"]
     assert r0["target_unlabeled"]["accuracy"] == r0["target"]["accuracy"]
+    # the HTML report's summary
+    from eada.reports.html import build_report
+
+    html = build_report(out, tmp_path / "r.html").read_text()
+    assert "never-labeled target acc % (last epoch)" in html
     # eada bench: its own table
     recs = bench.run_grid(bench.build_grid(["toy"], ["random"], [0], TOY), tmp_path / "b")
     assert recs[0]["final"]["target_unlabeled/accuracy"] == pytest.approx(
