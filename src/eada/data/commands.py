@@ -30,8 +30,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    src = load_image_list(args.source, args.root)
-    tgt = load_image_list(args.target, args.root)
+    src = load_image_list(args.source, args.root, allow_outside=args.allow_outside_root)
+    tgt = load_image_list(args.target, args.root, allow_outside=args.allow_outside_root)
     report = check_pair(src, tgt, decode=not args.no_decode)
     Console().print(report.format(), highlight=False)
     return 0 if report.ok else 1
@@ -51,6 +51,11 @@ def add_data_commands(sub: Any) -> None:
     c.add_argument("target", help="target domain folder or list file")
     c.add_argument("--root", default=None, help="where relative list paths start")
     c.add_argument("--no-decode", action="store_true", help="check existence only (faster)")
+    c.add_argument(
+        "--allow-outside-root",
+        action="store_true",
+        help="accept list paths that resolve outside --root (default: an error)",
+    )
     c.set_defaults(func=_cmd_check)
 
 
