@@ -344,6 +344,7 @@ class Store:
         :class:`StoreBusyError` naming the holder. SQLite errors a user can cause (read-only
         store, disk full, damaged file) become a :class:`StoreError` naming the store.
         """
+        self.check_writable()
         self._begin()
         try:
             yield self.conn
@@ -360,6 +361,14 @@ class Store:
                 if mapped is not None:
                     raise mapped from err
             raise
+
+    def check_writable(self) -> None:
+        """Raise :class:`StoreError` when this process may not write the store."""
+        if self.readonly:
+            raise StoreError(
+                f"the project store {self.folder} is read-only for this user: `eada status` and "
+                "`eada export` read it; give write permission on the folder to change it"
+            )
 
     @property
     def holder_path(self) -> Path:

@@ -309,6 +309,7 @@ class Project:
         """Train with every label in force: from the last checkpoint up to the next round's
         epoch (or the end of the schedule), or ``epochs`` more epochs. An interrupted training
         segment continues from its last epoch checkpoint. Returns the segment's measurements."""
+        self.store.check_writable()
         ck = self.store.latest_checkpoint()
         e0 = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch" and epochs is None:
@@ -411,6 +412,7 @@ class Project:
         record it (scores of the whole pool, selection, a checkpoint holding the advanced
         strategy random state) in one transaction, and export it. When the last round still
         awaits labels, nothing is selected: its batch is exported again."""
+        self.store.check_writable()
         rounds = self.store.rounds()
         if self.pending():
             last = rounds[-1]
@@ -580,6 +582,7 @@ class Project:
         """Import a CSV/JSON/Label Studio label file: everything is validated first, then
         written in one transaction. A label differing from the one in force is a correction
         (a new row superseding the old); an identical one changes nothing."""
+        self.store.check_writable()
         if self.store.get_meta("mode") == "simulated":
             self._set_mode("human")  # raises: a simulated run takes no human labels
         path = Path(file)
@@ -842,6 +845,8 @@ class Project:
         out = Path(out)
         if out.exists() and not out.is_dir():
             raise StoreError(f"--out {out} is an existing file; give a folder to export into")
+        ck = self.store.latest_checkpoint()
+        state = self.load_checkpoint(ck) if ck is not None else None  # refused: nothing written
         out.mkdir(parents=True, exist_ok=True)
         files: dict[str, str] = {}
         cols = [
@@ -872,9 +877,7 @@ class Project:
                 w.writerow(["" if v is None else csv_safe(v) for v in tuple(row)])
             write_atomic(out / name, buf.getvalue())
             files[name] = str(out / name)
-        ck = self.store.latest_checkpoint()
-        if ck is not None:
-            state = self.load_checkpoint(ck)
+        if ck is not None and state is not None:
             save_atomic(state["model"], out / "model.pt")
             meta = {
                 "config": resolved_config(self.cfg),
