@@ -88,7 +88,7 @@ def _in_threads(fns: list[Any]) -> list[Any]:
     def run(i: int) -> None:
         try:
             out[i] = fns[i]()
-        except Exception as err:  # noqa: BLE001 - returned to the test
+        except Exception as err:  # returned to the test
             out[i] = err
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
@@ -395,3 +395,82 @@ def test_config_and_plan_decisions(capsys) -> None:
     assert "larger than the unlabeled pool" in capsys.readouterr().err
     assert main(["run", "toy", "--dry-run"]) == 0
     assert "fits the target pool (1000 samples" in " ".join(capsys.readouterr().out.split())
+
+
+# -- inputs beyond the store --------------------------------------------------------------------
+def _folder(root: Path, classes: tuple[str, ...], n: int = 2) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in classes:
+        (root / c).mkdir(parents=True)
+        for i in range(n):
+            px = rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)
+            Image.fromarray(px).save(root / c / f"{i}.png")
+    return root
+
+
+def test_image_lists_are_confined_to_their_folder(tmp_path: Path, capsys) -> None:
+    data = _folder(tmp_path / "data" / "src", ("a", "b"))
+    _folder(tmp_path / "elsewhere", ("a",), n=1)
+    lst = tmp_path / "data" / "tgt.txt"
+    lst.write_text(
+        f"# class 0 a\n# class 1 b\nsrc/a/0.png 0\n../elsewhere/a/0.png 0\n"
+        f"{tmp_path}/elsewhere/a/0.png 1\n"
+    )
+    argv = ["data", "check", str(data), str(lst)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "2 image path(s) outside" in err
+    assert "line 4: ../elsewhere/a/0.png" in err and "line 5:" in err and "line 3" not in err
+    assert main([*argv, "--allow-outside-root"]) == 0
+    assert "OK" in capsys.readouterr().out
+
+
+def test_target_lacking_source_classes_is_allowed_and_reported(tmp_path: Path, capsys) -> None:
+    from eada.config import ImageListData, ModelConfig
+    from eada.data.tasks import load_task
+
+    src = _folder(tmp_path / "src", ("bike", "cup", "mug"))
+    tgt = _folder(tmp_path / "tgt", ("bike", "mug"))
+    assert main(["data", "check", str(src), str(tgt)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "target lacks 1 of the source's 3 classes (cup)" in out and "OK" in out
+    cfg = ImageListData(source=src, target=tgt, workers=0)
+    with pytest.warns(UserWarning, match=r"no samples of 1 of the 3 classes \(cup\)"):
+        task = load_task(cfg, 0, ModelConfig(name="backbone", weights="none"))
+        task.check()
+    assert task.target.classes == ["bike", "cup", "mug"]
+    assert sorted(set(task.target.y.tolist())) == [0, 2]  # mug keeps the source's id 2
+    assert task.notes["target_missing_classes"] == ["cup"]
+    (tgt / "pan").mkdir()  # a class the source lacks stays an error
+    (tgt / "pan" / "0.png").write_bytes((tgt / "mug" / "0.png").read_bytes())
+    assert main(["data", "check", str(src), str(tgt)]) == 1
+    assert "only in target: pan" in " ".join(capsys.readouterr().out.split())
+
+
+def test_feature_files_name_the_file_and_key(tmp_path: Path) -> None:
+    from eada.data.features import read_feature_file
+
+    x = np.ones((4, 3), dtype=np.float32)
+    f = tmp_path / "s.npz"
+    np.savez(f, features=x, labels=np.array(["cat", "dog", "cat", "dog"]))
+    with pytest.raises(ValueError, match=r"s\.npz: labels 'labels' are <U3 values"):
+        read_feature_file(f)
+    np.savez(f, features=x)
+    with pytest.raises(ValueError, match=r"s\.npz: no labels found"):
+        read_feature_file(f)
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    p = tmp_path / "t.parquet"
+    table = pa.table({"label": [0, 1, 0, 1], "f0": [1.0, 2.0, 3.0, 4.0], "name": list("abcd")})
+    pq.write_table(table, p)
+    with pytest.raises(ValueError, match=r"t\.parquet: .*not numeric: 'name' \(string\)"):
+        read_feature_file(p)
+    pq.write_table(pa.table({"label": list("abcd"), "f0": [1.0, 2.0, 3.0, 4.0]}), p)
+    with pytest.raises(ValueError, match=r"t\.parquet: labels 'label' are object values"):
+        read_feature_file(p)
+    p.write_bytes(b"PAR1 not really")
+    with pytest.raises(ValueError, match=r"t\.parquet: .*[Pp]arquet"):
+        read_feature_file(p)

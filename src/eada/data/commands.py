@@ -9,6 +9,7 @@ eada data check SOURCE TARGET [--root DIR] [--no-decode]
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -26,6 +27,14 @@ def _cmd_index(args: argparse.Namespace) -> int:
         f"{args.out}: {len(images)} images, {len(images.classes)} classes"
         + ("" if args.no_checksums else f"; checksums in {args.out}.sha256")
     )
+    base = Path(args.out).resolve().parent
+    if any(base not in Path(p).resolve().parents for p in images.paths[:1]):
+        Console().print(
+            f"note: the images lie outside {base}, the folder list paths are confined to: "
+            "read this list with --allow-outside-root (data.allow_outside_root: true), or "
+            "write it inside the data folder",
+            highlight=False,
+        )
     return 0
 
 

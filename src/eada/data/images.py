@@ -133,6 +133,7 @@ def read_image_list(
         raise FileNotFoundError(f"image list not found: {path}")
     base = Path(root) if root is not None else path.parent
     real_base = os.path.realpath(base)
+    outside: list[str] = []
     paths: list[Path] = []
     labels: list[int] = []
     header: dict[int, str] = {}
@@ -155,15 +156,18 @@ def read_image_list(
         if not allow_outside:
             real = os.path.realpath(full)
             if os.path.commonpath([real, real_base]) != real_base:
-                errors.append(
-                    f"line {n}: {parts[0]} resolves to {real}, outside {real_base} (pass "
-                    "--allow-outside-root, or data.allow_outside_root: true, to allow it)"
-                )
+                outside.append(f"line {n}: {parts[0]} resolves to {real}")
                 continue
         paths.append(full)
         labels.append(int(parts[1]))
     if errors:
         raise ImageDataError(f"{path}: {len(errors)} malformed line(s):\n  " + "\n  ".join(errors))
+    if outside:
+        raise ImageDataError(
+            f"{path}: {len(outside)} image path(s) outside {real_base} (pass "
+            "--allow-outside-root, or data.allow_outside_root: true, to allow them):\n  "
+            + "\n  ".join(outside)
+        )
     if not paths:
         raise ImageDataError(f"{path}: no images listed")
     if classes is not None:
