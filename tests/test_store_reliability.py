@@ -474,3 +474,20 @@ def test_feature_files_name_the_file_and_key(tmp_path: Path) -> None:
     p.write_bytes(b"PAR1 not really")
     with pytest.raises(ValueError, match=r"t\.parquet: .*[Pp]arquet"):
         read_feature_file(p)
+
+
+def test_killed_checkpoint_write_leaves_a_tmp_file_the_next_open_removes(queried) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    folder, _, _ = queried
+    env = {**os.environ, "EADA_CRASH_AT": "checkpoint:tmp_written"}
+    argv = [sys.executable, "-m", "eada.cli", "train", "--store", str(folder), "--epochs", "1"]
+    run = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    left = list((folder / "checkpoints").glob(".*.tmp"))
+    assert len(left) == 1 and left[0].name.endswith(".tmp")
+    before = _dump(folder)
+    Project(folder).close()
+    assert not left[0].exists() and _dump(folder) == before

@@ -906,6 +906,7 @@ def save_atomic(obj: Any, path: Path) -> None:
             torch.save(obj, fh)
             fh.flush()
             os.fsync(fh.fileno())
+        crash_point("checkpoint:tmp_written")
         os.replace(tmp, path)
     except BaseException as err:
         tmp.unlink(missing_ok=True)
