@@ -166,7 +166,8 @@ def read_image_list(
         raise ImageDataError(
             f"{path}: {len(outside)} image path(s) outside {real_base} (pass "
             "--allow-outside-root, or data.allow_outside_root: true, to allow them):\n  "
-            + "\n  ".join(outside)
+            + "\n  ".join(outside[:20])
+            + (f"\n  ... and {len(outside) - 20} more" if len(outside) > 20 else "")
         )
     if not paths:
         raise ImageDataError(f"{path}: no images listed")
