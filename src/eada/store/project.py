@@ -298,6 +298,9 @@ class Project:
             ) from None
         return state
 
+    def _n_label_rows(self) -> int:
+        return int(self.store.conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0])
+
     def _labels_tensor(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.store.current_labels()
         idx = torch.tensor([r["position"] for r in rows], dtype=torch.long)
@@ -444,6 +447,7 @@ class Project:
         trainer = ActiveDATrainer(self.cfg, self.task)
         if ck is not None:
             trainer.load_state_dict(self.load_checkpoint(ck), progress=False)
+        n_label_rows = self._n_label_rows()
         trainer.set_labels(*self._labels_tensor())
         prop = trainer.propose(budget)
         crash_point("query:scored")
@@ -478,13 +482,16 @@ class Project:
             # transaction: a concurrent `eada query` or `eada train` that committed meanwhile
             # wins, this one records nothing (and its checkpoint file is deleted)
             ck_now = self.store.latest_checkpoint()
-            if len(self.store.rounds()) + 1 != r or (None if ck_now is None else ck_now["id"]) != (
-                None if ck is None else ck["id"]
+            if (
+                len(self.store.rounds()) + 1 != r
+                or (None if ck_now is None else ck_now["id"]) != (None if ck is None else ck["id"])
+                or self._n_label_rows() != n_label_rows
             ):
                 raise StoreError(
-                    f"another process changed the project while this query scored (round "
-                    f"{len(self.store.rounds())} is now recorded, latest checkpoint "
-                    f"{None if ck_now is None else ck_now['path']}); nothing was recorded: "
+                    f"another process changed the project while this query scored (now: "
+                    f"{len(self.store.rounds())} round(s), {self._n_label_rows()} label rows, "
+                    f"latest checkpoint {None if ck_now is None else ck_now['path']}); "
+                    "nothing was recorded: "
                     "see `eada status`, then run `eada query` again if a round is still due"
                 )
             self._set_mode(mode)
