@@ -491,3 +491,26 @@ def test_killed_checkpoint_write_leaves_a_tmp_file_the_next_open_removes(queried
     before = _dump(folder)
     Project(folder).close()
     assert not left[0].exists() and _dump(folder) == before
+
+
+def test_concurrent_training_records_one_segment(queried, monkeypatch) -> None:
+    folder, _, _ = queried
+    _gate_writers(monkeypatch, 2)
+
+    def trainer() -> dict[str, Any]:
+        p = Project(folder)
+        try:
+            return p.train(epochs=1)
+        finally:
+            p.close()
+
+    res = _in_threads([trainer, trainer])
+    ok = [r for r in res if isinstance(r, dict)]
+    lost = [r for r in res if isinstance(r, Exception)]
+    assert len(ok) == 1 and len(lost) == 1 and isinstance(lost[0], StoreError), res
+    assert "records nothing more" in str(lost[0])
+    with sqlite3.connect(folder / "eada.sqlite") as c:
+        recorded = {r[0] for r in c.execute("SELECT path FROM checkpoints")}
+        kinds = [r[0] for r in c.execute("SELECT kind FROM checkpoints ORDER BY id")]
+    assert kinds == ["query", "train"]
+    assert {f"checkpoints/{f.name}" for f in (folder / "checkpoints").iterdir()} == recorded

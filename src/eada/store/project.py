@@ -355,6 +355,16 @@ class Project:
                 "active": self.cfg.active.model_copy(update={"rounds_at": []}),
             }
         )
+        latest = self.store.latest_checkpoint()
+        expected = [None if latest is None else latest["id"]]  # what this segment builds on
+
+        def check_unchanged() -> None:  # inside the recording transaction
+            now_ck = self.store.latest_checkpoint()
+            if (None if now_ck is None else now_ck["id"]) != expected[0]:
+                raise StoreError(
+                    f"another process recorded checkpoint {now_ck['path'] if now_ck else None} "
+                    "while this training ran; this one records nothing more: see `eada status`"
+                )
 
         def checkpoint(event: str, tr: ActiveDATrainer, info: dict[str, Any]) -> None:
             if event != "epoch_end" or info["epoch"] == end - start:
@@ -363,7 +373,8 @@ class Project:
             rel, sha = self._write_checkpoint(tr.state_dict(), "epoch", epoch)
             crash_point(f"epoch_end:{epoch}")
             with self._unused_if_failed(rel), self.store.transaction() as c:
-                self._record_checkpoint(
+                check_unchanged()
+                expected[0] = self._record_checkpoint(
                     c,
                     rel,
                     sha,
@@ -389,6 +400,7 @@ class Project:
         rel, sha = self._write_checkpoint(trainer.state_dict(), "train", end)
         crash_point("train:before_commit")
         with self._unused_if_failed(rel), self.store.transaction() as c:
+            check_unchanged()
             self._record_checkpoint(
                 c,
                 rel,
