@@ -219,3 +219,17 @@ def test_scores_from_energies_are_one_blockwise_pass() -> None:
         e2[1234, 7] = bad
         with pytest.raises(ValueError, match="NaN or infinite"):
             PoolOutputs(energies=e2)
+
+
+def test_segmentation_run_refuses_a_folder_of_another_config(tmp_path: Path) -> None:
+    """`eada run` on a segmentation config shares the check (before any data is read)."""
+    from eada.runs import append_jsonl
+    from eada.segmentation.cli import resolve_seg_config
+    from eada.segmentation.train import run_seg_seeds
+
+    syn = Path(__file__).resolve().parents[1] / "configs" / "seg_synthetic.yaml"
+    stored = resolve_seg_config(str(syn), None, [], 0)
+    append_jsonl(tmp_path / "runs.jsonl", {"seed": 0, "config": stored.resolved()})
+    other = resolve_seg_config(str(syn), None, ["train.gamma=0.5"], 0)
+    with pytest.raises(OtherConfigError, match=r"train\.gamma: 0\.01 -> 0\.5"):
+        run_seg_seeds(lambda s: other, [0], tmp_path)
