@@ -5,8 +5,8 @@ reduced to its free energy and MvSM (two float32 a sample) and dropped, so the N
 (13.8 GB in float32 at the default size) never exist. Then EADA's two-step selection runs on the
 two score vectors. Reports wall time of each phase and the peak resident memory
 (``ru_maxrss``) of the WHOLE process, read at its end (after the exactness check, whose
-in-memory path holds the prefix's energies), beside the peak reached by scoring and selection
-alone.
+in-memory path holds the prefix's energies once), beside the peak reached by scoring and
+selection alone.
 
     python benchmarks/streaming_selection.py [--n 10000000] [--classes 345] [--chunk 65536]
         [--budget-share 0.01] [--out benchmarks/results/streaming_selection.json]
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     check = None
     if args.check:
         m = min(args.check, args.n)
-        chunks = list(energy_chunks(m, args.classes, args.chunk, args.seed))
-        full = torch.cat(chunks)
+        full = torch.cat(list(energy_chunks(m, args.classes, args.chunk, args.seed)))
+        chunks = full.split(args.chunk)  # views: the prefix is held once
         b = resolve_budget(args.budget_share, m)
         mem = eada(PoolOutputs(energies=full.numpy(), n_target=m), b, None, alpha1=args.alpha1)
         fs, us = stream_scores(iter(chunks), n=m)
