@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eada.config import ConfigError, apply_overrides, check_rounds
+from eada.config import ConfigError, apply_overrides, check_rounds, yaml_error_line
 from eada.strategies import STRATEGIES, check_params
 
 #: image-level scores a segmentation strategy may ask for (no per-image ``(C,)`` energies exist)
@@ -281,7 +281,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        raise ConfigError(f"{path} is not valid YAML: {yaml_error_line(err)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
     return raw
