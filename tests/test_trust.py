@@ -202,6 +202,10 @@ def test_errors_are_one_line_whatever_the_path_length(
     assert main(["run", "toy", "--set", "train.epochs=[", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "override 'train.epochs=['" in err and "bug" not in err
+    # a config that does not validate: every problem on the one line, each with its key
+    assert main(["run", "toy", "--set", "optim.lr=inf", "--set", "train.gamma=x", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "optim.lr: " in err and "; train.gamma: " in err
 
 
 def test_scores_from_energies_are_one_blockwise_pass() -> None:

@@ -323,11 +323,18 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> ExperimentConfi
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
-        lines = []
-        for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            lines.append(f"  {where}: {e['msg']}")
-        raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines)) from None
+        raise ConfigError(validation_message(source, err)) from None
+
+
+def validation_message(source: str, err: ValidationError) -> str:
+    """Every problem of a failed validation on one line, each with its key path:
+    ``SOURCE is invalid: train.lr: Input should be a finite number; ...``."""
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return " ".join(f"{source} is invalid: {'; '.join(parts)}".split())
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
