@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
 LS_FROM_NAME = "label"  # the <Choices name=...> of the Label Studio config we write
@@ -221,19 +222,24 @@ def read_label_file(path: Path) -> tuple[str, list[LabelItem], bytes]:
 def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
     """The query batch as CSV, one sample a row, with an empty ``label`` column to fill."""
     buf = io.StringIO(newline="")
-    cols = ["sample_id", "round", "rank", "domain", "index", "path", "predicted", *score_names]
+    cols = ["sample_id", "external_id", "round", "rank", "domain", "index", "path"]
+    cols += ["external_path", "predicted", "score", *score_names]
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([*cols, "label", "annotator"])
     for r in rows:
+        score = r.get("score")
         w.writerow(
             [
                 r["sample_id"],
+                r.get("external_id") or "",
                 r["round"],
                 r["rank"],
                 r["domain"],
                 r["index"],
                 r["path"] or "",
+                r.get("external_path") or "",
                 r["predicted"],
+                "" if score is None else repr(float(score)),
                 *[repr(float(r["scores"][k])) for k in score_names],
                 "",
                 "",
@@ -261,10 +267,14 @@ def label_studio_tasks(
                 ),
                 str(p),
             )
-            data["image"] = LS_LOCAL_PREFIX + rel
+            data["image"] = LS_LOCAL_PREFIX + quote(rel)  # relative to the document root
             data["path"] = r["path"]
         else:
-            data["text"] = f"{r['domain']} sample #{r['index']}"
+            shown = r.get("external_path") or r.get("external_id")
+            data["text"] = shown or f"{r['domain']} sample #{r['index']}"
+        for k in ("external_id", "external_path"):
+            if r.get(k):
+                data[k] = r[k]
         data.update({k: float(v) for k, v in r["scores"].items()})
         tasks.append(
             {
@@ -272,6 +282,7 @@ def label_studio_tasks(
                 "predictions": [
                     {
                         "model_version": f"eada-round-{round_number}",
+                        **({"score": float(r["score"])} if r.get("score") is not None else {}),
                         "result": [
                             {
                                 "from_name": LS_FROM_NAME,

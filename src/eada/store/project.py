@@ -42,7 +42,7 @@ from eada.store.data import (
     content_hash,
     decode_image,
     default_roots,
-    load_project_task,
+    load_project_data,
     resolved_config,
     row_hashes,
 )
@@ -55,6 +55,16 @@ from eada.store.labelfiles import (
     label_studio_tasks,
     read_label_file,
     write_atomic,
+)
+from eada.store.targets import StoreOptions, label_studio_root, record_sample_info
+from eada.store.unlabeled import (
+    accuracy_summary,
+    hide_guessed_accuracy,
+    list_roots,
+    options_json,
+    predicted_scores,
+    resolve_target,
+    round_rows_extra,
 )
 from eada.train import ActiveDATrainer, SimulatedOracle
 
@@ -90,7 +100,11 @@ def _file_sha256(path: Path) -> str:
 
 
 def init_project(
-    folder: str | Path, cfg: ExperimentConfig, roots: list[Path] | None = None
+    folder: str | Path,
+    cfg: ExperimentConfig,
+    roots: list[Path] | None = None,
+    options: StoreOptions | None = None,
+    progress: Progress = None,
 ) -> Project:
     """Register a project: config, data roots, classes and every source/target/held-out sample
     (content hash; file path for image folders). Everything is loaded and validated (data
@@ -106,9 +120,11 @@ def init_project(
     folder = Path(folder)
     if (folder / "eada.sqlite").exists():
         raise StoreError(f"a project store already exists at {folder}")
-    task, paths = load_project_task(cfg)
+    options, labeled = resolve_target(cfg, options)
+    task, paths, info = load_project_data(cfg, labeled, progress)
     ActiveDATrainer(cfg, task)  # validates domains and the round plan before any write
     all_roots = [Path(r).resolve() for r in [*default_roots(cfg), *(roots or [])]]
+    all_roots += list_roots(paths, all_roots)
     for r in all_roots:
         if not r.is_dir():
             raise FileNotFoundError(f"data root not found: {r}")
@@ -120,13 +136,15 @@ def init_project(
         files = paths.get(role)
         if files is not None:
             for i, p in enumerate(files):
-                rp = confine(p, all_roots)
+                rp = confine(Path(p).absolute(), all_roots)  # relative to the working dir
                 rows.append((role, dom.name, i, str(rp), _file_sha256(rp)))
         else:
             rows += [(role, dom.name, i, None, h) for i, h in enumerate(row_hashes(dom))]
     store = Store(folder, create=True)
     with store.transaction() as c:
-        store.set_meta("config", json.dumps(resolved_config(cfg)))
+        store.set_meta(
+            "config", json.dumps({**resolved_config(cfg), "store": options_json(options)})
+        )
         store.set_meta("eada_version", _eada_version())
         c.executemany(
             "INSERT INTO roots (path) VALUES (?)", [(str(r),) for r in dict.fromkeys(all_roots)]
@@ -139,6 +157,7 @@ def init_project(
             "VALUES (?, ?, ?, ?, ?)",
             rows,
         )
+        record_sample_info(c, [r["id"] for r in store.samples("target")], info)
     return Project(folder, store=store, task=task)
 
 
@@ -154,7 +173,10 @@ class Project:
     def __init__(self, folder: str | Path, store: Store | None = None, task: Task | None = None):
         self.folder = Path(folder)
         self.store = store if store is not None else Store(self.folder)
-        self.cfg = build_config(self.store.get_json("config"), f"config in {self.folder}")
+        raw = self.store.get_json("config")
+        self.cfg = build_config(raw, f"config in {self.folder}")
+        self.options = StoreOptions.model_validate(raw.get("store") or {"target": "labeled"})
+        self.target_labeled = self.options.target != "unlabeled"
         self._task = task
         self.classes = self.store.classes()
 
@@ -167,7 +189,7 @@ class Project:
     def task(self) -> Task:
         """The project's domains, loaded once and checked against the registered hashes."""
         if self._task is None:
-            task, paths = load_project_task(self.cfg)
+            task, paths, _ = load_project_data(self.cfg, self.target_labeled)
             for role, dom in (("source", task.source), ("target", task.target)):
                 reg = self.store.samples(role)
                 if len(reg) != len(dom):
@@ -353,7 +375,7 @@ class Project:
                     epoch,
                     (start, end),
                     int(tr.labeled_mask.sum()),
-                    {"epoch": epoch, **info.get("metrics", {})},
+                    {"epoch": epoch, **self._measured(info.get("metrics", {}))},
                 )
 
         trainer = ActiveDATrainer(seg_cfg, self.task, callbacks=[checkpoint])
@@ -364,10 +386,10 @@ class Project:
 
         def prog(msg: str) -> None:
             if progress is not None:
-                progress(f"[epochs {start}->{end}] {msg}")
+                progress(f"[epochs {start}->{end}] {self._measured_line(msg)}")
 
         result = trainer.run(progress=prog)
-        last = result.final["last_epoch"]
+        last = self._measured(result.final["last_epoch"])
         rel, sha = self._write_checkpoint(trainer.state_dict(), "train", end)
         crash_point("train:before_commit")
         with self.store.transaction() as c:
@@ -443,6 +465,7 @@ class Project:
             if arr.shape == (len(pool),):
                 scores[k] = arr
         pred = prop.outputs.get_predictions()
+        chosen_score = predicted_scores(trainer, prop)  # the predicted class's probability
         rows = [
             (
                 target_ids[pos],
@@ -450,6 +473,7 @@ class Project:
                 json.dumps(
                     {
                         "predicted": self.classes[int(pred[j])],
+                        **({"score": chosen_score[j]} if j in chosen_score else {}),
                         **{k: float(v[j]) for k, v in scores.items()},
                     }
                 ),
@@ -504,11 +528,14 @@ class Project:
         if rnd is None:
             raise StoreError(f"no round {number} in this project")
         rows = []
+        extra = round_rows_extra(self.store.conn)
         for s in self.store.selected(rnd["id"]):
             sc = json.loads(s["scores"])
             pred = sc.pop("predicted")
             rows.append(
                 {
+                    **extra.get(s["sample_id"], {}),
+                    "score": sc.pop("score", None),
                     "sample_id": s["sample_id"],
                     "round": number,
                     "rank": s["rank"] + 1,
@@ -537,8 +564,9 @@ class Project:
             "classes": self.classes,
             "samples": [{**r, "label": None, "annotator": None} for r in rows],
         }
+        roots = [label_studio_root(self.store.roots(), self.options.label_studio_root)]
+        doc["label_studio_document_root"] = str(roots[0])
         write_atomic(files["json"], json.dumps(doc, indent=1))
-        roots = self.store.roots()
         write_atomic(
             files["label_studio"], json.dumps(label_studio_tasks(rows, roots, number), indent=1)
         )
@@ -565,6 +593,11 @@ class Project:
         """Label the open round's pending samples with ground truth (a
         :class:`~eada.train.SimulatedOracle`), through the same validation and write as an
         import."""
+        if not self.target_labeled:
+            raise StoreError(
+                "the target of this project is unlabeled: a simulated oracle has no labels to "
+                "reveal (label the queried samples with `eada label import`)"
+            )
         pending = self.pending()
         oracle = SimulatedOracle(self.task.target.y)
         truth = oracle.label(np.array([p["position"] for p in pending], dtype=np.int64))
@@ -743,6 +776,13 @@ class Project:
         return self.status()
 
     # -- status / export ----------------------------------------------------------------------
+    def _measured(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Metrics without any accuracy computed from labels nobody gave (unlabeled target)."""
+        return metrics if self.target_labeled else hide_guessed_accuracy(metrics)
+
+    def _measured_line(self, line: str) -> str:
+        return line if self.target_labeled else hide_guessed_accuracy(line)
+
     def status(self) -> dict[str, Any]:
         """Rounds, budget spent and accuracy history."""
         conn = self.store.conn
@@ -795,6 +835,7 @@ class Project:
             "epoch": 0 if last is None else last["epoch"],
             "rounds": rounds,
             "history": history,
+            "accuracy": accuracy_summary(self, history),
             "next": self.next_action(),
         }
 
