@@ -292,3 +292,50 @@ def test_backbones_in_the_store(tmp_path: Path, office, monkeypatch, kind: str) 
     assert Project(tmp_path / "P").import_labels(tmp_path / "f.csv")["new"] == 3
     res = Project(tmp_path / "P").train()
     assert res["n_labeled"] == 3 and "target" not in res["metrics"]
+
+
+def test_notebook_api_one_round(tmp_path: Path, office) -> None:
+    """eada.__version__, open a project, query, import labels from a DataFrame / records,
+    export, and load the exported model in one call: its predictions on the image files equal
+    the exported predictions.csv."""
+    import eada
+
+    assert eada.__version__
+    cfg, options = load_project_config(_config(tmp_path, office), [])
+    init_project(tmp_path / "P", cfg, options=options)
+    proj = eada.open_project(tmp_path / "P")
+    proj.train()
+    batch = eada.query(proj)
+    assert len(batch) == 3 and {"sample_id", "path", "predicted", "score"} <= set(batch[0])
+    records = [
+        {"sample_id": b["sample_id"], "label": office["truth"][Path(b["path"]).name]} for b in batch
+    ]
+    rows = [*records, {"sample_id": float("nan"), "label": float("nan")}]  # a blank row
+    try:
+        import pandas as pd
+
+        frame: object = pd.DataFrame(rows)
+    except ImportError:  # the same interface: columns and to_dict("records")
+
+        class Frame:
+            columns = ("sample_id", "label")
+
+            def to_dict(self, orient: str) -> list[dict]:
+                assert orient == "records"
+                return rows
+
+        frame = Frame()
+    assert eada.import_labels(proj, frame, annotator="nb")["new"] == 3
+    assert eada.import_labels(proj, records)["unchanged"] == 3
+    with pytest.raises(ValueError, match="unknown class name"):
+        eada.import_labels(proj, [{"sample_id": batch[0]["sample_id"], "label": "dog"}])
+    proj.train()
+    files = proj.export(tmp_path / "final")
+    with open(files["predictions.csv"], newline="") as fh:
+        preds = list(csv.DictReader(fh))
+    assert len(preds) == 15 and sum(bool(r["label"]) for r in preds) == 3
+    model = eada.load_model(tmp_path / "final")
+    got = model.predict_files([r["path"] for r in preds])
+    assert [g["predicted"] for g in got] == [r["predicted"] for r in preds]
+    for g, r in zip(got, preds, strict=True):
+        assert g["score"] == pytest.approx(float(r["score"]), abs=1e-4)

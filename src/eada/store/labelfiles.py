@@ -307,3 +307,19 @@ def label_studio_config(classes: list[str], images: bool) -> str:
         f'<View>\n  {obj}\n  <Choices name="{LS_FROM_NAME}" toName="{to}" choice="single">\n'
         f"{choices}\n  </Choices>\n</View>\n"
     )
+
+
+def records_to_items(records: list[Any]) -> list[LabelItem]:
+    """Label items from in-memory records (dicts, e.g. a DataFrame's ``to_dict("records")``)
+    with ``label`` and ``sample_id`` and/or ``path``; missing values (``None``, NaN, empty)
+    count as absent, so rows without a label are skipped like empty CSV cells."""
+    items = []
+    for i, rec in enumerate(records, start=1):
+        where = f"record {i}"
+        if not isinstance(rec, dict):
+            raise ImportFileError(f"{where}: expected a mapping, got {type(rec).__name__}")
+        clean = {k: None if isinstance(v, float) and v != v else v for k, v in rec.items()}
+        item = _item(clean, where)
+        if item is not None:
+            items.append(item)
+    return items

@@ -47,6 +47,7 @@ from eada.store.data import (
     row_hashes,
 )
 from eada.store.db import Store, StoreError, now
+from eada.store.exports import model_meta, write_predictions
 from eada.store.labelfiles import (
     ImportFileError,
     LabelItem,
@@ -54,6 +55,7 @@ from eada.store.labelfiles import (
     label_studio_config,
     label_studio_tasks,
     read_label_file,
+    records_to_items,
     write_atomic,
 )
 from eada.store.targets import StoreOptions, label_studio_root, record_sample_info
@@ -589,6 +591,19 @@ class Project:
             items, str(path), content_hash(raw), fmt, annotator, "human", allow_unqueried
         )
 
+    def import_records(
+        self, records: list[Any], annotator: str = "notebook", allow_unqueried: bool = False
+    ) -> dict[str, Any]:
+        """Import labels from in-memory records (see :func:`eada.api.import_labels`), with
+        the same validation and write as a file import."""
+        if self.store.get_meta("mode") == "simulated":
+            self._set_mode("human")  # raises: a simulated run takes no human labels
+        items = records_to_items(records)
+        raw = json.dumps(records, sort_keys=True, default=str).encode()
+        return self._write_labels(
+            items, "(records)", content_hash(raw), "records", annotator, "human", allow_unqueried
+        )
+
     def label_simulated(self) -> dict[str, Any]:
         """Label the open round's pending samples with ground truth (a
         :class:`~eada.train.SimulatedOracle`), through the same validation and write as an
@@ -889,8 +904,10 @@ class Project:
                 "epoch": ck["epoch"],
                 "n_labeled": ck["n_labeled"],
                 "sha256": _file_sha256(out / "model.pt"),
-                "load": "torch.load('model.pt', weights_only=True)",
+                "load": "eada.load_model(FOLDER), or torch.load('model.pt', weights_only=True)",
+                **model_meta(self),
             }
+            files["predictions.csv"] = str(write_predictions(self, state["model"], out))
             write_atomic(out / "model.json", json.dumps(meta, indent=1, default=str))
             files["model.pt"] = str(out / "model.pt")
             files["model.json"] = str(out / "model.json")
