@@ -154,6 +154,11 @@ def test_acceptance_unlabeled_office_target_frozen_lite0(tmp_path: Path, office,
         assert (root / url.removeprefix("/data/local-files/?d=")).is_file()
         assert t["predictions"][0]["result"][0]["value"]["choices"][0] in CLASSES
         assert 0 < t["predictions"][0]["score"] <= 1
+    # the project report: rounds, labels over time, accuracy where measurable, queried images
+    assert main(["report", str(tmp_path / "P")]) == 0
+    page = (tmp_path / "P" / "report.html").read_text()
+    assert "Labels over time" in page and "queried images" in page and "biased" in page
+    assert "whole target: not measurable" in page and "filled.csv" in page
     # an unlabeled target has nothing to simulate
     with pytest.raises(StoreError, match="unlabeled"):
         Project(tmp_path / "P").label_simulated()
@@ -339,3 +344,34 @@ def test_notebook_api_one_round(tmp_path: Path, office) -> None:
     assert [g["predicted"] for g in got] == [r["predicted"] for r in preds]
     for g, r in zip(got, preds, strict=True):
         assert g["score"] == pytest.approx(float(r["score"]), abs=1e-4)
+
+
+def test_image_grid_thumbnails_and_captions_do_not_overlap() -> None:
+    """Queried-image grids (run and project reports): thumbnails at least 128 px in the
+    rendered PNG, captions that never overlap, mispredictions framed in red."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from eada.reports.figures_runs import plot_image_grid
+
+    rng = np.random.default_rng(0)
+    caps = ["y=letter_tray p=desk_lamp", "y=back_pack p=back_pack"] * 4
+    fig = plot_image_grid(
+        [
+            ("round 1", rng.random((8, 3, 224, 224)), caps, [True, False] * 4),
+            ("round 2", rng.random((5, 1, 28, 28)), caps[:5]),
+        ]
+    )
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    for ax in fig.axes:
+        box = ax.get_window_extent(renderer)
+        assert box.width >= 128 and box.height >= 128
+    texts = [t.get_window_extent(renderer) for t in fig.texts if t.get_text().startswith("y=")]
+    assert len(texts) == 13
+    for i, a in enumerate(texts):
+        for b in texts[i + 1 :]:
+            assert not a.overlaps(b)
+        for ax in fig.axes:
+            assert not a.overlaps(ax.get_window_extent(renderer))
+    framed = [ax for ax in fig.axes if ax.spines["top"].get_visible()]
+    assert len(framed) == 4
