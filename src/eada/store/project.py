@@ -58,7 +58,12 @@ from eada.store.labelfiles import (
     records_to_items,
     write_atomic,
 )
-from eada.store.targets import StoreOptions, label_studio_root, record_sample_info
+from eada.store.targets import (
+    StoreOptions,
+    absolute_config,
+    label_studio_root,
+    record_sample_info,
+)
 from eada.store.unlabeled import (
     accuracy_summary,
     hide_guessed_accuracy,
@@ -122,6 +127,7 @@ def init_project(
     folder = Path(folder)
     if (folder / "eada.sqlite").exists():
         raise StoreError(f"a project store already exists at {folder}")
+    cfg = absolute_config(cfg)  # later commands may run from another folder
     options, labeled = resolve_target(cfg, options)
     task, paths, info = load_project_data(cfg, labeled, progress)
     ActiveDATrainer(cfg, task)  # validates domains and the round plan before any write

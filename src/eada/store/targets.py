@@ -79,6 +79,13 @@ def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptio
     return raw, StoreOptions.model_validate(section)
 
 
+def absolute_config(cfg: Any) -> Any:
+    """``cfg`` with the file paths of its data section absolute (see :func:`absolute_data`)."""
+    data = cfg.data
+    fixed = type(data).model_validate(absolute_data(data.model_dump(mode="json")))
+    return cfg.model_copy(update={"data": fixed})
+
+
 def absolute_data(raw_data: dict[str, Any]) -> dict[str, Any]:
     """A data section with its file paths made absolute (relative to the working folder at
     ``eada init``), so later commands work from any folder."""
@@ -94,7 +101,8 @@ def absolute_data(raw_data: dict[str, Any]) -> dict[str, Any]:
         "heldout_labels",
     )
     for k in keys:
-        if out.get(k) is not None and out.get("kind") in ("images", "features", "folders"):
+        digits_name = out.get("kind") == "digits" and k != "root"  # mnist, usps: not paths
+        if out.get(k) is not None and out.get("kind") != "toy" and not digits_name:
             out[k] = str(Path(out[k]).absolute())
     return out
 
