@@ -306,8 +306,7 @@ def test_notebook_api_one_round(tmp_path: Path, office) -> None:
     import eada
 
     assert eada.__version__
-    cfg, options = load_project_config(_config(tmp_path, office), [])
-    init_project(tmp_path / "P", cfg, options=options)
+    eada.create_project(tmp_path / "P", _config(tmp_path, office), progress=False).close()
     proj = eada.open_project(tmp_path / "P")
     proj.train()
     batch = eada.query(proj)

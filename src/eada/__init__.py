@@ -6,7 +6,8 @@ its functions is first used::
     import eada
     eada.__version__
     model = eada.load_model("final")          # what `eada export` wrote
-    proj = eada.open_project("proj")          # a project store (`eada init`)
+    proj = eada.create_project("proj", "C.yaml")  # = eada init --store proj --config C.yaml
+    proj = eada.open_project("proj")          # an existing project store
     batch = eada.query(proj)                  # the next round's samples
     eada.import_labels(proj, records_or_dataframe)
 """
@@ -21,7 +22,7 @@ try:
 except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-_API = ("LoadedModel", "import_labels", "load_model", "open_project", "query")
+_API = ("LoadedModel", "create_project", "import_labels", "load_model", "open_project", "query")
 
 
 def __getattr__(name: str) -> Any:

@@ -132,6 +132,19 @@ def load_model(path: str | Path) -> LoadedModel:
     return LoadedModel(net, classes, meta["config"], transform)
 
 
+def create_project(
+    folder: str | Path, config: str | Path, overrides: Sequence[str] = (), progress: bool = True
+) -> Any:
+    """``eada init --store FOLDER --config CONFIG [--set k=v ...]``: register the data of a
+    project config (with its optional ``store:`` section) and return the project.
+    ``progress`` prints the feature-extraction lines."""
+    from eada.store import init_project
+    from eada.store.targets import load_project_config
+
+    cfg, options = load_project_config(config, list(overrides))
+    return init_project(folder, cfg, options=options, progress=print if progress else None)
+
+
 def open_project(folder: str | Path) -> Any:
     """An existing project store (:class:`eada.store.Project`): ``train()``, ``query()``,
     ``status()``, ``export(out)``."""
@@ -166,4 +179,11 @@ def import_labels(
     return project.import_records(list(records), annotator, allow_unqueried)
 
 
-__all__ = ["LoadedModel", "import_labels", "load_model", "open_project", "query"]
+__all__ = [
+    "LoadedModel",
+    "create_project",
+    "import_labels",
+    "load_model",
+    "open_project",
+    "query",
+]
