@@ -374,3 +374,50 @@ def test_image_grid_thumbnails_and_captions_do_not_overlap() -> None:
             assert not a.overlaps(ax.get_window_extent(renderer))
     framed = [ax for ax in fig.axes if ax.spines["top"].get_visible()]
     assert len(framed) == 4
+
+
+def test_source_dir_with_a_flat_unlabeled_target_dir(tmp_path: Path, office, capsys) -> None:
+    """`eada init --source-dir/--target-dir` (small images, LeNet) with a flat target folder."""
+    s = ["--store", str(tmp_path / "P")]
+    sets = ["train.epochs=2", "active.rounds_at=[1]", "active.budget_per_round=2"]
+    args = ["init", *s, "--source-dir", str(office["source"]), "--target-dir"]
+    args += [str(office["target"]), "--image-size", "24", *[a for x in sets for a in ("--set", x)]]
+    assert main(args) == 0
+    assert "15 unlabeled target samples" in _flat(capsys.readouterr().out)
+    assert main(["train", *s]) == 0 and main(["query", *s]) == 0
+    capsys.readouterr()
+    assert main(["status", *s, "--json"]) == 0
+    _no_guessed_accuracy(json.loads(capsys.readouterr().out))
+
+
+def test_unlabeled_parquet_features_with_id_and_path_columns(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "s.npz"
+    np.savez(src, features=rng.normal(size=(40, 5)), labels=np.repeat([1, 2], 20))
+    table = pa.table(
+        {
+            "id": [f"r{i}" for i in range(30)],
+            "path": [f"rows/{i}.bin" for i in range(30)],
+            **{f"f{j}": rng.normal(size=30) for j in range(5)},
+        }
+    )
+    pq.write_table(table, tmp_path / "t.parquet")
+    raw = {
+        "data": {"kind": "features", "source": str(src), "target": str(tmp_path / "t.parquet")},
+        "model": {"name": "linear"},
+        "train": {"epochs": 1, "batch_size": 16},
+        "active": {"rounds_at": [1], "budget_per_round": 3},
+    }
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    cfg, options = load_project_config(tmp_path / "c.yaml", [])
+    proj = init_project(tmp_path / "P", cfg, options=options)
+    assert not proj.target_labeled and proj.task.target.x.shape == (30, 5)  # type: ignore[union-attr]
+    proj.train()
+    files = proj.query()["files"]
+    with open(files["csv"], newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        assert r["external_path"] == f"rows/{r['external_id'][1:]}.bin" and r["path"] == ""
