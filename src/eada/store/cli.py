@@ -22,12 +22,13 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
-err_console = Console(stderr=True)
 DEFAULT_STORE = os.environ.get("EADA_STORE", "eada-project")
 
 
 def _log(msg: str) -> None:
-    err_console.print(msg, highlight=False, markup=False)
+    """A progress line on stderr, plain and unwrapped (logs and CI read it whole)."""
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
 
 
 def _project(args: argparse.Namespace) -> Any:
