@@ -91,6 +91,10 @@ def _cmd_query(args: argparse.Namespace) -> int:
     console.print(f"round {out['round']}: {out['selected']} samples {what}")
     for k, v in out["files"].items():
         console.print(f"  {k:<20} {v}")
+    if "json" in out["files"]:
+        doc = json.loads(Path(out["files"]["json"]).read_text())
+        root = doc.get("label_studio_document_root")
+        console.print(f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root}")
     return 0
 
 
