@@ -113,7 +113,7 @@ def test_acceptance_unlabeled_office_target_frozen_lite0(tmp_path: Path, office,
     assert "extracted" not in out.err  # the second load reads the feature cache
     assert "target acc" not in out.err
     assert main(["query", *s]) == 0
-    assert "Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT" in capsys.readouterr().out
+    assert "Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT" in _flat(capsys.readouterr().out)
     exported = tmp_path / "P" / "exports" / "round-001.csv"
     with open(exported, newline="") as fh:
         rows = list(csv.DictReader(fh))
