@@ -97,6 +97,7 @@ def _no_guessed_accuracy(status: dict) -> None:
     assert "target_accuracy" not in json.dumps(status)
 
 
+@pytest.mark.filterwarnings("error::UserWarning")  # e.g. no "missing classes" from placeholders
 def test_acceptance_unlabeled_office_target_frozen_lite0(tmp_path: Path, office, capsys) -> None:
     """The issue's acceptance, exactly: init -> train -> query -> fill -> import -> train ->
     status --json -> export, every command exit 0, no accuracy from labels nobody gave."""

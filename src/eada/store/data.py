@@ -147,6 +147,15 @@ def load_project_data(
     """The project's domains, every sample's file by role (image data) and the target's
     user ids/paths (:class:`~eada.store.targets.SampleInfo`). ``labeled=False``: the target
     carries no labels (see :mod:`eada.store.targets`)."""
+    task, paths, info = _load_project_data(cfg, labeled, progress)
+    if not labeled:  # placeholder labels: no class is known to be missing
+        task.notes["target_missing_classes"] = "unknown: the target is unlabeled"
+    return task, paths, info
+
+
+def _load_project_data(
+    cfg: ExperimentConfig, labeled: bool, progress: Any
+) -> tuple[Task, dict[str, list[Path] | None], Any]:
     from eada.config import FeatureData, ImageListData
     from eada.store.targets import (
         SampleInfo,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from eada.models.factory import build_model
-from eada.store.labelfiles import write_atomic
+from eada.store.labelfiles import csv_safe, write_atomic
 from eada.store.unlabeled import round_rows_extra
 
 PREDICTION_COLUMNS = [
@@ -64,12 +64,12 @@ def final_predictions(project: Any, model_state: dict[str, Any]) -> list[dict[st
 
 
 def write_predictions(project: Any, model_state: dict[str, Any], out: Path) -> Path:
-    """``out/predictions.csv`` (:data:`PREDICTION_COLUMNS`)."""
+    """``out/predictions.csv`` (:data:`PREDICTION_COLUMNS`; text cells spreadsheet-safe)."""
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=PREDICTION_COLUMNS, lineterminator="\n")
     w.writeheader()
     for r in final_predictions(project, model_state):
-        w.writerow({k: "" if v is None else v for k, v in r.items()})
+        w.writerow({k: "" if v is None else csv_safe(v) for k, v in r.items()})
     path = out / "predictions.csv"
     write_atomic(path, buf.getvalue())
     return path
