@@ -161,9 +161,13 @@ def test_acceptance_unlabeled_office_target_frozen_lite0(tmp_path: Path, office,
     page = (tmp_path / "P" / "report.html").read_text()
     assert "Labels over time" in page and "queried images" in page and "biased" in page
     assert "whole target: not measurable" in page and "filled.csv" in page
-    # an unlabeled target has nothing to simulate
+    # an unlabeled target has nothing to simulate: refused before any work
     with pytest.raises(StoreError, match="unlabeled"):
         Project(tmp_path / "P").label_simulated()
+    capsys.readouterr()
+    assert main(["train", *s, "--simulate"]) == 2
+    assert "the target of this project is unlabeled" in _flat(capsys.readouterr().err)
+    assert Project(tmp_path / "P").status()["epoch"] == 2
 
 
 def test_heldout_csv_gives_honest_accuracy_and_relative_paths(
@@ -249,11 +253,20 @@ def test_path_list_with_ids_and_unlabeled_features(tmp_path: Path, office) -> No
     assert "target" not in proj.status()["accuracy"] or proj.status()["accuracy"]["target"] is None
 
 
-def test_store_options_are_validated(tmp_path: Path) -> None:
+def test_store_options_are_validated(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "b.yaml"
     bad.write_text(yaml.safe_dump({"data": {"kind": "toy"}, "store": {"target": "maybe"}}))
     with pytest.raises(ValueError, match="target"):
         load_project_config(bad, [])
+    assert main(["init", "--store", str(tmp_path / "P"), "--config", str(bad)]) == 2
+    assert "store.target: Input should be 'auto', 'labeled' or 'unlabeled'" in _flat(
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "P").exists()
+    toy = tmp_path / "t.yaml"
+    toy.write_text(yaml.safe_dump({"data": {"kind": "toy"}, "store": {"target": "unlabeled"}}))
+    assert main(["init", "--store", str(tmp_path / "P"), "--config", str(toy)]) == 2
+    assert "data.kind 'toy' has no unlabeled-target form" in _flat(capsys.readouterr().err)
     assert StoreOptions().target == "auto"
 
 

@@ -836,6 +836,8 @@ class Project:
     def run_simulated(self, progress: Progress = None) -> dict[str, Any]:
         """Follow the schedule to its end with a simulated oracle: train, query, label, ...
         Resumes wherever a killed run stopped."""
+        if not self.target_labeled:
+            self.label_simulated()  # raises: an unlabeled target has nothing to reveal
         if self.store.get_meta("mode") == "human":
             raise StoreError("this project has human labels; --simulate runs on a fresh project")
         with self.store.transaction():

@@ -72,11 +72,19 @@ class SampleInfo:
 
 def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptions]:
     """``raw`` without its ``store`` section, and that section validated."""
+    from pydantic import ValidationError
+
+    from eada.config import ConfigError
+
     raw = dict(raw)
     section = raw.pop("store", None) or {}
     if not isinstance(section, dict):
-        raise ValueError(f"the store section must be a mapping, got {type(section).__name__}")
-    return raw, StoreOptions.model_validate(section)
+        raise ConfigError(f"the store section must be a mapping, got {type(section).__name__}")
+    try:
+        return raw, StoreOptions.model_validate(section)
+    except ValidationError as err:
+        lines = [f"  store.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
+        raise ConfigError("the store section is invalid:\n" + "\n".join(lines)) from None
 
 
 def absolute_config(cfg: Any) -> Any:
