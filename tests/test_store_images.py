@@ -216,6 +216,14 @@ def test_path_list_with_ids_and_unlabeled_features(tmp_path: Path, office) -> No
         rows = list(csv.DictReader(fh))
     for r in rows:
         assert r["external_id"] == f"u{names.index(Path(r['path']).name)}"
+    # labels by the user's own ids: every problem listed, then a clean import
+    by_id = tmp_path / "by_id.csv"
+    lines = [f"{r['external_id']},{office['truth'][Path(r['path']).name]}" for r in rows]
+    by_id.write_text("external_id,label\n" + "\n".join([*lines, "u99,bike"]) + "\n")
+    with pytest.raises(ValueError, match="unknown external_id 'u99'"):
+        proj.import_labels(by_id)
+    by_id.write_text("external_id,label\n" + "\n".join(lines) + "\n")
+    assert proj.import_labels(by_id)["new"] == 3
     # a feature matrix without labels, with ids and paths (Office-Caltech10 SURF rows)
     surf = SHARED_DATA / "office_caltech10_surf"
     if not surf.is_dir():

@@ -33,6 +33,8 @@ class LabelItem:
         sample_id: the store's sample id, or ``None`` when only ``path`` is given.
         path: a file path naming the sample (image projects), or ``None``.
         annotator: who labeled it (``None``: the importer's ``--annotator``).
+        external_id: the user's own id of the sample (given with an unlabeled target's file
+            list or feature file), used when neither ``sample_id`` nor ``path`` is given.
     """
 
     where: str
@@ -40,6 +42,7 @@ class LabelItem:
     sample_id: int | None = None
     path: str | None = None
     annotator: str | None = None
+    external_id: str | None = None
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -107,19 +110,23 @@ def _item(raw: dict[str, Any], where: str) -> LabelItem | None:
         return None  # not answered (yet)
     sid = _sample_id(raw.get("sample_id"), where)
     path = _text(raw.get("path"), where, "path")
-    if sid is None and path is None:
-        raise ImportFileError(f"{where}: needs a sample_id or a path")
-    return LabelItem(where, label, sid, path, _text(raw.get("annotator"), where, "annotator"))
+    ext = _text(raw.get("external_id"), where, "external_id")
+    if sid is None and path is None and ext is None:
+        raise ImportFileError(f"{where}: needs a sample_id, a path or an external_id")
+    annotator = _text(raw.get("annotator"), where, "annotator")
+    return LabelItem(where, label, sid, path, annotator, ext)
 
 
 def read_csv(text: str) -> list[LabelItem]:
-    """CSV with a header: ``label`` and ``sample_id`` and/or ``path``; optional ``annotator``.
+    """CSV with a header: ``label`` and ``sample_id``, ``path`` and/or ``external_id``;
+    optional ``annotator``.
     Other columns (scores, predictions) are ignored; rows with an empty label are skipped."""
     reader = csv.DictReader(io.StringIO(text, newline=""))
     fields = reader.fieldnames or []
-    if "label" not in fields or not ({"sample_id", "path"} & set(fields)):
+    if "label" not in fields or not ({"sample_id", "path", "external_id"} & set(fields)):
         raise ImportFileError(
-            f"CSV header must name a 'label' column and a 'sample_id' or 'path' column; "
+            "CSV header must name a 'label' column and a 'sample_id', 'path' or 'external_id' "
+            "column; "
             f"found {fields or 'no header'}"
         )
     items = []

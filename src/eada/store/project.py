@@ -69,6 +69,7 @@ from eada.store.targets import (
 )
 from eada.store.unlabeled import (
     accuracy_summary,
+    external_ids,
     hide_guessed_accuracy,
     list_roots,
     options_json,
@@ -695,8 +696,14 @@ class Project:
         class_id = {n: i for i, n in enumerate(self.classes)}
         roots = self.store.roots()
         chosen: dict[int, tuple[LabelItem, int]] = {}
+        by_external = external_ids(conn) if any(it.external_id for it in items) else {}
         for it in items:
             sample = None
+            if it.sample_id is None and it.path is None and it.external_id is not None:
+                if it.external_id not in by_external:
+                    problems.append(f"{it.where}: unknown external_id {it.external_id!r}")
+                    continue
+                it.sample_id = by_external[it.external_id]
             if it.sample_id is not None:
                 sample = conn.execute(
                     "SELECT * FROM samples WHERE id = ?", (it.sample_id,)

@@ -108,6 +108,11 @@ def round_rows_extra(conn: sqlite3.Connection) -> dict[int, dict[str, Any]]:
     }
 
 
+def external_ids(conn: sqlite3.Connection) -> dict[str, int]:
+    """``{the user's id: sample id}`` of the target samples that have one."""
+    return {i: sid for sid, (i, _) in sample_info(conn).items() if i is not None}
+
+
 def queried_accuracy(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """Per round: how many queried samples carry a label in force, and how many of them the
     model predicted right when it selected them."""
