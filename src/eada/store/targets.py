@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import sqlite3
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -417,19 +416,6 @@ def label_studio_root(roots: list[Path], option: Path | None) -> Path:
     if not roots:
         return Path("/")
     return Path(os.path.commonpath([str(r.resolve()) for r in roots]))
-
-
-def timed(progress: Progress, what: str) -> Callable[[str], None]:
-    """Print ``what...`` now and ``what: DONE (N s)`` when the returned function is called."""
-    t0 = time.perf_counter()
-    if progress is not None:
-        progress(f"{what} ...")
-
-    def done(result: str) -> None:
-        if progress is not None:
-            progress(f"{what}: {result} ({time.perf_counter() - t0:.1f} s)")
-
-    return done
 
 
 def load_project_config(path: str | Path, overrides: list[str]) -> tuple[Any, StoreOptions]:
