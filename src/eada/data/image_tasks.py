@@ -156,6 +156,9 @@ def image_domains(
             domains[role] = TensorDomain(il.name, feats, ds.y, list(il.classes))
     else:
         views = {v: build_transform(v, spec, norm) for v in ("train", "test", "score")}
+        # the unlabeled-target training stream (data.transforms.unlabeled_view)
+        unl = cfg.transforms.unlabeled_view
+        views["unlabeled"] = views["train"] if unl == "train" else build_transform(unl, spec, norm)
         for role, il in lists.items():
             domains[role] = ImageDomain(il, views, (3, spec.crop, spec.crop), cfg.workers)
     return domains, notes

@@ -160,6 +160,8 @@ class _Data:
 def _summary_table(groups: list[RunGroup]) -> str:
     rows = []
     heldout = any(collect.final_stat(g, "heldout")["mean"] is not None for g in groups)
+    # the target samples never labeled (the whole-target accuracy includes the labeled ones)
+    never = any(collect.final_stat(g, "target_unlabeled")["mean"] is not None for g in groups)
     for g in groups:
         res = g.runs[0]["results"]
         if g.has_rounds:
@@ -173,10 +175,14 @@ def _summary_table(groups: list[RunGroup]) -> str:
             _pm(collect.final_stat(g, "target")),
             _pm(collect.final_stat(g, "target", "best_epoch")),
         ]
+        if never:
+            row.append(_pm(collect.final_stat(g, "target_unlabeled")))
         if heldout:
             row.append(_pm(collect.final_stat(g, "heldout")))
         rows.append(row)
     head = ["method", "seeds", "labeled", "target acc % (last epoch)", "target acc % (best epoch)"]
+    if never:
+        head.append("never-labeled target acc % (last epoch)")
     if heldout:
         head.append("held-out acc % (last epoch)")
     return _table(head, rows, "summary")
