@@ -61,7 +61,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def csv_safe(value: Any) -> Any:
-    """A CSV cell a spreadsheet will not run: text starting with ``=``, ``+``, ``-``, ``@``, a
+    r"""A CSV cell a spreadsheet will not run: text starting with ``=``, ``+``, ``-``, ``@``, a
     tab or a carriage return gets a leading ``'`` (numbers stay as they are). Label imports
     drop that quote again, so exported files round-trip.
 
