@@ -431,7 +431,7 @@ def test_unlabeled_parquet_features_with_id_and_path_columns(tmp_path: Path) -> 
     raw = {
         "data": {"kind": "features", "source": str(src), "target": str(tmp_path / "t.parquet")},
         "model": {"name": "linear"},
-        "train": {"epochs": 1, "batch_size": 16},
+        "train": {"epochs": 2, "batch_size": 16},
         "active": {"rounds_at": [1], "budget_per_round": 3},
     }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
