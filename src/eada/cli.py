@@ -9,7 +9,7 @@ eada bench TASKS --methods M,... --seeds 0-2 --out DIR   resumable grid + paper-
 eada config show PRESET [--method M]       print a preset as YAML, to edit and run
 eada data index FOLDER --out LIST.txt      list file + class map + checksums of an image folder
 eada data check SOURCE TARGET              validate a source/target image pair
-eada report RUN_DIR [--out FILE.html]      self-contained HTML report of a run or benchmark
+eada report RUN_DIR [--out FILE.html]      self-contained HTML report of a run, benchmark or project
 """
 
 from __future__ import annotations
@@ -197,7 +197,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from eada.reports.html import build_report
+    from eada.reports.project import build_project_report, is_project
 
+    if is_project(Path(args.run_dir)):  # an annotation project store (eada init)
+        out = build_project_report(Path(args.run_dir), Path(args.out) if args.out else None)
+        console.print(f"report: {out}")
+        return 0
     out = build_report(
         Path(args.run_dir),
         Path(args.out) if args.out else None,
@@ -274,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("report", help="write a self-contained HTML report of a run folder")
-    rp.add_argument("run_dir", help="a folder of `eada run`, `eada demo` or a benchmark")
+    rp.add_argument(
+        "run_dir", help="a folder of `eada run`, `eada demo`, a benchmark or a project store"
+    )
     rp.add_argument("--out", default=None, help="HTML file (default RUN_DIR/report.html)")
     rp.add_argument("--figures", default=None, metavar="DIR", help="also save figures as PNG+SVG")
     rp.add_argument("--data-root", default=None, help="data set folder, to show queried images")

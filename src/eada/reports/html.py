@@ -300,17 +300,20 @@ def _queried_html(g: RunGroup, figs: _Figures, data: _Data) -> str:
             grid_rows = []
             for r in rounds:
                 sc = scores.get(r["round"], {})
-                k = min(16, len(r["selected"]))
+                k = min(8, len(r["selected"]))
                 idx = np.asarray(r["selected"][:k])
-                caps = []
+                caps, wrong = [], []
                 for j in range(k):
                     y = classes[r["selected_labels"][j]]
                     p = f" p={classes[sc['predicted'][j]]}" if "predicted" in sc else ""
                     caps.append(f"y={y}{p}")
+                    wrong.append(
+                        "predicted" in sc and sc["predicted"][j] != r["selected_labels"][j]
+                    )
                 imgs = next(iterate_inputs(task.target.view("test"), [torch.from_numpy(idx)]))
                 if imgs.ndim != 4 or imgs.shape[1] not in (1, 3):
                     break  # e.g. pre-extracted features: nothing to look at
-                grid_rows.append((f"round {r['round']}", imgs.numpy(), caps))
+                grid_rows.append((f"round {r['round']}", imgs.numpy(), caps, wrong))
             if not grid_rows:
                 out.append('<p class="note">The inputs are not images (e.g. features).</p>')
             else:
@@ -319,9 +322,9 @@ def _queried_html(g: RunGroup, figs: _Figures, data: _Data) -> str:
                     figs.html(
                         fig,
                         f"queried images {g.task} {g.method}",
-                        f"{g.label}: the first {min(16, len(rounds[0]['selected']))} target images "
+                        f"{g.label}: the first {min(8, len(rounds[0]['selected']))} target images "
                         "queried in each round (in the strategy's order; y = true label, p = "
-                        "prediction of the model that selected them).",
+                        "prediction of the model that selected them; red frame: p is wrong).",
                     )
                 )
     rows = []
