@@ -454,7 +454,7 @@ def test_target_lacking_source_classes_is_allowed_and_reported(tmp_path: Path, c
     assert task.notes["target_missing_classes"] == ["cup"]
     (tgt / "pan").mkdir()  # a class the source lacks stays an error
     (tgt / "pan" / "0.png").write_bytes((tgt / "mug" / "0.png").read_bytes())
-    assert main(["data", "check", str(src), str(tgt)]) == 1
+    assert main(["data", "check", str(src), str(tgt)]) == 2
     assert "only in target: pan" in " ".join(capsys.readouterr().out.split())
 
 
