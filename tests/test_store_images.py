@@ -261,6 +261,23 @@ def test_path_list_with_ids_and_unlabeled_features(tmp_path: Path, office) -> No
     assert "target" not in proj.status()["accuracy"] or proj.status()["accuracy"]["target"] is None
 
 
+def test_auto_reads_a_text_list_of_plain_paths_as_unlabeled(tmp_path: Path) -> None:
+    """store.target auto: a text list of PATH or PATH<TAB>ID lines is an unlabeled target
+    (it was read as a `path label` list: "expected 'path label'" on every line)."""
+    from eada.store.targets import target_is_labeled
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("# my images\nimgs/a.jpg\nimgs/b c.jpg\n")
+    ids = tmp_path / "ids.txt"
+    ids.write_text("imgs/a.jpg\tu000\nimgs/b.jpg\tu001\n")
+    labeled = tmp_path / "labeled.txt"
+    labeled.write_text("imgs/a.jpg 0\nimgs/b.jpg 2\n")
+    assert not target_is_labeled(plain, "auto")
+    assert not target_is_labeled(ids, "auto")
+    assert target_is_labeled(labeled, "auto")
+    assert target_is_labeled(plain, "labeled") and not target_is_labeled(labeled, "unlabeled")
+
+
 def test_store_options_are_validated(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "b.yaml"
     bad.write_text(yaml.safe_dump({"data": {"kind": "toy"}, "store": {"target": "maybe"}}))
