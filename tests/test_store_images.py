@@ -416,6 +416,25 @@ def test_image_grid_thumbnails_and_captions_do_not_overlap() -> None:
     assert len(framed) == 4
 
 
+def test_labels_over_time_with_one_import_spans_hours_and_counts_whole_labels() -> None:
+    """One import: the time axis was years wide around the single point and the y ticks
+    were 2.85, 2.90, ... labels."""
+    import datetime as dt
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from eada.reports.project import _labels_figure
+
+    t = dt.datetime(2026, 11, 23, 14, 14, 28, tzinfo=dt.timezone.utc)
+    fig = _labels_figure([t], [3])
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()  # matplotlib date numbers: days
+    assert 0 < hi - lo <= 2.5 / 24
+    assert all(float(y).is_integer() for y in ax.get_yticks())
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 3
+
+
 def test_source_dir_with_a_flat_unlabeled_target_dir(tmp_path: Path, office, capsys) -> None:
     """`eada init --source-dir/--target-dir` (small images, LeNet) with a flat target folder."""
     s = ["--store", str(tmp_path / "P")]
