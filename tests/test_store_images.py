@@ -435,6 +435,32 @@ def test_labels_over_time_with_one_import_spans_hours_and_counts_whole_labels() 
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 3
 
 
+def test_query_of_feature_rows_names_no_label_studio_document_root(tmp_path: Path, capsys) -> None:
+    """Feature rows have no files for Label Studio to serve: `eada query` printed
+    `LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT=/` for them anyway."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "s.npz", features=rng.normal(size=(24, 6)), labels=np.arange(24) % 3)
+    np.savez(
+        tmp_path / "t.npz", features=rng.normal(size=(20, 6)), ids=[f"r{i}" for i in range(20)]
+    )
+    raw = {
+        "data": {"kind": "features", "source": "s.npz", "target": "t.npz"},
+        "model": {"name": "mlp", "hidden": [8]},
+        "train": {"epochs": 2, "batch_size": 8},
+        "active": {"rounds_at": [1], "budget_per_round": 3},
+    }
+    (tmp_path / "F.yaml").write_text(yaml.safe_dump(raw))
+    store = ["--store", str(tmp_path / "P")]
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", *store, "--config", "F.yaml"]) == 0
+    assert main(["train", *store]) == 0
+    capsys.readouterr()
+    assert main(["query", *store]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "round 1: 3 samples selected" in out
+    assert "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT" not in out
+
+
 def test_source_dir_with_a_flat_unlabeled_target_dir(tmp_path: Path, office, capsys) -> None:
     """`eada init --source-dir/--target-dir` (small images, LeNet) with a flat target folder."""
     s = ["--store", str(tmp_path / "P")]
