@@ -435,7 +435,9 @@ def test_labels_over_time_with_one_import_spans_hours_and_counts_whole_labels() 
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 3
 
 
-def test_query_of_feature_rows_names_no_label_studio_document_root(tmp_path: Path, capsys) -> None:
+def test_query_of_feature_rows_names_no_label_studio_document_root(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
     """Feature rows have no files for Label Studio to serve: `eada query` printed
     `LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT=/` for them anyway."""
     rng = np.random.default_rng(0)
