@@ -463,6 +463,19 @@ def test_query_of_feature_rows_names_no_label_studio_document_root(
     assert "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT" not in out
 
 
+def test_loaded_model_predicts_numpy_feature_rows() -> None:
+    """A notebook passes a NumPy matrix to `predict`: it died inside torch's Flatten
+    (`flatten() takes from 0 to 1 positional arguments`)."""
+    from eada.api import LoadedModel
+
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    model = LoadedModel(net, ["a", "b", "c"], {"train": {"tau": 1.0}})
+    x = np.random.default_rng(0).normal(size=(5, 4))  # float64, as NumPy makes it
+    names, score = model.predict(x)
+    ref_names, ref_score = model.predict(torch.as_tensor(x, dtype=torch.float32))
+    assert names == ref_names and torch.equal(score, ref_score) and len(names) == 5
+
+
 def test_source_dir_with_a_flat_unlabeled_target_dir(tmp_path: Path, office, capsys) -> None:
     """`eada init --source-dir/--target-dir` (small images, LeNet) with a flat target folder."""
     s = ["--store", str(tmp_path / "P")]
