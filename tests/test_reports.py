@@ -302,3 +302,28 @@ def test_cli_run_tensorboard_flag(tmp_path: Path) -> None:
     assert list((tmp_path / "tb" / "seed0").glob("events.out.tfevents.*"))
     rec = read_jsonl(tmp_path / "run" / "runs.jsonl")[0]
     assert "domain_stats" in rec["results"]
+
+
+def test_report_reloads_an_images_run_whose_config_names_no_root(tmp_path: Path) -> None:
+    """An images config's `data.root` is null: `eada report` reloaded its queried images with
+    `Path(None)` and died with an unexpected TypeError."""
+    from PIL import Image
+
+    from eada.config import ExperimentConfig
+    from eada.reports.html import _Data
+
+    for dom in ("src", "tgt"):
+        for c in ("cat", "dog"):
+            (tmp_path / dom / c).mkdir(parents=True)
+            Image.new("RGB", (8, 8), (40, 90, 200)).save(tmp_path / dom / c / "a.png")
+    raw = {
+        "data": {"kind": "images", "source": str(tmp_path / "src"), "target": "tgt"},
+        "model": {"name": "backbone", "backbone": "resnet18", "weights": None},
+    }
+    config = ExperimentConfig.model_validate(raw).model_dump(mode="json")
+    assert config["data"]["root"] is None
+    config["data"]["target"] = str(tmp_path / "tgt")
+    task = _Data(None, tmp_path).task(config, 0)
+    assert task is not None and task.target.classes == ["cat", "dog"]
+    config["data"]["target"] = "nowhere"  # not found: a note, not a crash
+    assert _Data(None, tmp_path).task(config, 0) is None

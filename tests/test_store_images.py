@@ -261,6 +261,23 @@ def test_path_list_with_ids_and_unlabeled_features(tmp_path: Path, office) -> No
     assert "target" not in proj.status()["accuracy"] or proj.status()["accuracy"]["target"] is None
 
 
+def test_auto_reads_a_text_list_of_plain_paths_as_unlabeled(tmp_path: Path) -> None:
+    """store.target auto: a text list of PATH or PATH<TAB>ID lines is an unlabeled target
+    (it was read as a `path label` list: "expected 'path label'" on every line)."""
+    from eada.store.targets import target_is_labeled
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("# my images\nimgs/a.jpg\nimgs/b c.jpg\n")
+    ids = tmp_path / "ids.txt"
+    ids.write_text("imgs/a.jpg\tu000\nimgs/b.jpg\tu001\n")
+    labeled = tmp_path / "labeled.txt"
+    labeled.write_text("imgs/a.jpg 0\nimgs/b.jpg 2\n")
+    assert not target_is_labeled(plain, "auto")
+    assert not target_is_labeled(ids, "auto")
+    assert target_is_labeled(labeled, "auto")
+    assert target_is_labeled(plain, "labeled") and not target_is_labeled(labeled, "unlabeled")
+
+
 def test_store_options_are_validated(tmp_path: Path, capsys) -> None:
     bad = tmp_path / "b.yaml"
     bad.write_text(yaml.safe_dump({"data": {"kind": "toy"}, "store": {"target": "maybe"}}))
@@ -397,6 +414,66 @@ def test_image_grid_thumbnails_and_captions_do_not_overlap() -> None:
             assert not a.overlaps(ax.get_window_extent(renderer))
     framed = [ax for ax in fig.axes if ax.spines["top"].get_visible()]
     assert len(framed) == 4
+
+
+def test_labels_over_time_with_one_import_spans_hours_and_counts_whole_labels() -> None:
+    """One import: the time axis was years wide around the single point and the y ticks
+    were 2.85, 2.90, ... labels."""
+    import datetime as dt
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from eada.reports.project import _labels_figure
+
+    t = dt.datetime(2026, 11, 23, 14, 14, 28, tzinfo=dt.timezone.utc)
+    fig = _labels_figure([t], [3])
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    lo, hi = ax.get_xlim()  # matplotlib date numbers: days
+    assert 0 < hi - lo <= 2.5 / 24
+    assert all(float(y).is_integer() for y in ax.get_yticks())
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 3
+
+
+def test_query_of_feature_rows_names_no_label_studio_document_root(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Feature rows have no files for Label Studio to serve: `eada query` printed
+    `LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT=/` for them anyway."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "s.npz", features=rng.normal(size=(24, 6)), labels=np.arange(24) % 3)
+    np.savez(
+        tmp_path / "t.npz", features=rng.normal(size=(20, 6)), ids=[f"r{i}" for i in range(20)]
+    )
+    raw = {
+        "data": {"kind": "features", "source": "s.npz", "target": "t.npz"},
+        "model": {"name": "mlp", "hidden": [8]},
+        "train": {"epochs": 2, "batch_size": 8},
+        "active": {"rounds_at": [1], "budget_per_round": 3},
+    }
+    (tmp_path / "F.yaml").write_text(yaml.safe_dump(raw))
+    store = ["--store", str(tmp_path / "P")]
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", *store, "--config", "F.yaml"]) == 0
+    assert main(["train", *store]) == 0
+    capsys.readouterr()
+    assert main(["query", *store]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "round 1: 3 samples selected" in out
+    assert "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT" not in out
+
+
+def test_loaded_model_predicts_numpy_feature_rows() -> None:
+    """A notebook passes a NumPy matrix to `predict`: it died inside torch's Flatten
+    (`flatten() takes from 0 to 1 positional arguments`)."""
+    from eada.api import LoadedModel
+
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    model = LoadedModel(net, ["a", "b", "c"], {"train": {"tau": 1.0}})
+    x = np.random.default_rng(0).normal(size=(5, 4))  # float64, as NumPy makes it
+    names, score = model.predict(x)
+    ref_names, ref_score = model.predict(torch.as_tensor(x, dtype=torch.float32))
+    assert names == ref_names and torch.equal(score, ref_score) and len(names) == 5
 
 
 def test_source_dir_with_a_flat_unlabeled_target_dir(tmp_path: Path, office, capsys) -> None:

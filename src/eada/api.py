@@ -47,7 +47,9 @@ class LoadedModel:
 
     @torch.no_grad()
     def energies(self, x: torch.Tensor) -> torch.Tensor:
-        """Energies ``E(x, y)`` of a batch (lower = more likely)."""
+        """Energies ``E(x, y)`` of a batch (lower = more likely); a NumPy array is taken too."""
+        if not isinstance(x, torch.Tensor):
+            x = torch.as_tensor(x, dtype=torch.float32)
         self.net.eval()
         out: torch.Tensor = self.net(x)
         return out

@@ -126,7 +126,7 @@ class _Data:
         if key in self.cache:
             return self.cache[key]
         task = None
-        if "root" in data:
+        if data.get("root") is not None:  # images configs may name no root
             candidates = [Path(data["root"])]
             if self.data_root is not None:
                 candidates.insert(0, self.data_root)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from eada.reports.figures_runs import PALETTE, plot_image_grid
 from eada.reports.html import CSS, _e, _Figures, _table
@@ -52,6 +53,11 @@ def _labels_figure(times: list[_dt.datetime], counts: list[int]) -> Figure:
     ax.plot(times, counts, "o", color=PALETTE[0], ms=4)  # type: ignore[arg-type]
     ax.set_ylabel("labels in force")
     ax.set_xlabel("time (UTC)")
+    ax.set_ylim(0, max(counts) * 1.08 + 1)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if len(times) == 1 or times[0] == times[-1]:  # matplotlib would span years around it
+        hour = _dt.timedelta(hours=1)
+        ax.set_xlim(times[0] - hour, times[0] + hour)  # type: ignore[arg-type]
     ax.grid(alpha=0.3)
     fig.autofmt_xdate()
     fig.tight_layout()

@@ -94,7 +94,8 @@ def _cmd_query(args: argparse.Namespace) -> int:
     if "json" in out["files"]:
         doc = json.loads(Path(out["files"]["json"]).read_text())
         root = doc.get("label_studio_document_root")
-        console.print(f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root}")
+        if any(s.get("path") for s in doc.get("samples", [])):  # feature rows: no files served
+            console.print(f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root}")
     return 0
 
 

@@ -48,8 +48,9 @@ class StoreOptions(BaseModel):
     Attributes:
         target: ``labeled`` (class folders / labeled lists / labeled features), ``unlabeled``
             (labels, if any, are ignored), or ``auto``: a folder without class folders, a
-            ``.csv`` list without a ``label`` column and a feature file without labels are
-            unlabeled, anything else labeled. ``eada init`` records the resolved value.
+            ``.csv`` list without a ``label`` column, a text list whose lines do not end in
+            an integer label and a feature file without labels are unlabeled, anything else
+            labeled. ``eada init`` records the resolved value.
         label_studio_root: the folder Label Studio serves local files from
             (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); default: the deepest folder holding
             every registered data root.
@@ -132,7 +133,19 @@ def target_is_labeled(spec: Path, option: str, kind: str = "images") -> bool:
         with open(spec, newline="", encoding="utf-8-sig") as fh:
             header = next(csv.reader(fh), [])
         return "label" in header
-    return True
+    return not spec.is_file() or _text_list_has_labels(spec)
+
+
+def _text_list_has_labels(spec: Path) -> bool:
+    """Whether a text list is a ``path label`` list: some line ends in an integer label (a
+    list of plain ``PATH`` or ``PATH<TAB>ID`` lines is an unlabeled target)."""
+    for line in spec.read_text(encoding="utf-8").splitlines():
+        parts = line.strip().rsplit(maxsplit=1)
+        if line.strip().startswith("#") or len(parts) != 2:
+            continue
+        if parts[1].lstrip("-").isdigit():
+            return True
+    return False
 
 
 def _flat_images(folder: Path) -> list[Path]:
