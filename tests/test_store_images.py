@@ -476,6 +476,25 @@ def test_loaded_model_predicts_numpy_feature_rows() -> None:
     assert names == ref_names and torch.equal(score, ref_score) and len(names) == 5
 
 
+def test_loaded_feature_model_never_silently_skips_the_training_normalisation() -> None:
+    """A model trained on zscore-normalised features refuses raw rows (one batch lacks the
+    domain's statistics) and takes them with normalized=True; l2 is applied to raw rows."""
+    from eada.api import LoadedModel
+    from eada.data.features import normalize_features
+
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    x = np.random.default_rng(1).normal(3.0, 2.0, size=(6, 4))
+    z = LoadedModel(net, ["a", "b", "c"], {"data": {"normalize": "zscore"}})
+    with pytest.raises(ValueError, match="normalized=True"):
+        z.predict(x)
+    xz = normalize_features(x, "zscore")
+    ref = LoadedModel(net, ["a", "b", "c"], {}).predict(xz)
+    assert z.predict(xz, normalized=True)[0] == ref[0]
+    l2 = LoadedModel(net, ["a", "b", "c"], {"data": {"normalize": "l2"}})
+    e_raw, e_ref = l2.energies(x), l2.energies(normalize_features(x, "l2"), normalized=True)
+    assert torch.allclose(e_raw, e_ref, atol=1e-6)
+
+
 def test_source_dir_with_a_flat_unlabeled_target_dir(tmp_path: Path, office, capsys) -> None:
     """`eada init --source-dir/--target-dir` (small images, LeNet) with a flat target folder."""
     s = ["--store", str(tmp_path / "P")]

@@ -46,18 +46,39 @@ class LoadedModel:
     transform: Callable[[Any], torch.Tensor] | None = None
 
     @torch.no_grad()
-    def energies(self, x: torch.Tensor) -> torch.Tensor:
-        """Energies ``E(x, y)`` of a batch (lower = more likely); a NumPy array is taken too."""
+    def energies(self, x: torch.Tensor, normalized: bool = False) -> torch.Tensor:
+        """Energies ``E(x, y)`` of a batch (lower = more likely); a NumPy array is taken too.
+
+        Feature models trained with ``data.normalize``: ``l2`` is a per-row operation and is
+        applied here to raw rows. ``zscore`` / ``l1_zscore`` use a whole domain's statistics,
+        which one batch does not have: pass rows normalised that way over their whole domain
+        (:func:`eada.data.features.normalize_features`) and ``normalized=True``; raw rows are
+        refused rather than silently mispredicted.
+        """
         if not isinstance(x, torch.Tensor):
             x = torch.as_tensor(x, dtype=torch.float32)
+        how = self.config.get("data", {}).get("normalize", "none")
+        if self.transform is None and not normalized and how != "none":
+            if how == "l2":
+                x = torch.nn.functional.normalize(x.float(), dim=1)
+            else:
+                raise ValueError(
+                    f"this model was trained on features normalised with data.normalize={how!r} "
+                    "over each whole domain: normalise the rows the same way "
+                    "(eada.data.features.normalize_features over their domain) and pass "
+                    "normalized=True"
+                )
         self.net.eval()
         out: torch.Tensor = self.net(x)
         return out
 
-    def predict(self, x: torch.Tensor) -> tuple[list[str], torch.Tensor]:
-        """Predicted class names and their probabilities ``softmax(-tau E)``."""
+    def predict(self, x: torch.Tensor, normalized: bool = False) -> tuple[list[str], torch.Tensor]:
+        """Predicted class names and their probabilities ``softmax(-tau E)``.
+
+        ``normalized``: as in :meth:`energies` (feature rows already normalised as in training).
+        """
         tau = float(self.config.get("train", {}).get("tau", 1.0))
-        p = torch.softmax(-tau * self.energies(x), dim=1)
+        p = torch.softmax(-tau * self.energies(x, normalized=normalized), dim=1)
         score, idx = p.max(dim=1)
         return [self.classes[int(i)] for i in idx], score
 
