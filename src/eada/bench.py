@@ -284,6 +284,8 @@ def run_grid(
     out: Path,
     progress: Callable[[str], None] | None = None,
     max_runs: int | None = None,
+    jobs: int = 1,
+    threads: int = 1,
 ) -> list[dict[str, Any]]:
     """Run every grid cell not yet in ``out/runs.jsonl``; returns all records of the grid.
 
@@ -292,12 +294,14 @@ def run_grid(
         out: output folder (``runs.jsonl``, ``grid.json``, ``meta.json``).
         progress: receives one line per run.
         max_runs: stop after this many NEW runs (``None``: all).
+        jobs: worker processes (``> 1``: spawned processes with ``threads`` threads each,
+            appending to ``runs.jsonl`` concurrently; the records are the same as one
+            process's, the order of the lines is that of completion).
+        threads: thread count of each worker process (only with ``jobs > 1``).
 
     Raises:
         ValueError: a record in ``runs.jsonl`` has the same key but another config.
     """
-    from eada.experiment import run_once
-
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
     done = {r["key"]: r for r in read_jsonl(log)}
@@ -316,22 +320,95 @@ def run_grid(
     if not (out / "meta.json").exists():
         write_json(out / "meta.json", env)
     code = {k: env[k] for k in ("git", "eada", "torch", "numpy")}
-    cache = _TaskCache()
-    new = 0
     todo = [r for r in runs if r.key not in done]
+    if max_runs is not None:
+        todo = todo[: max(0, max_runs)]
+    if jobs > 1 and len(todo) > 1:
+        for rec in _run_parallel(todo, log, code, jobs, threads, progress):
+            done[rec["key"]] = rec
+        return [done[r.key] for r in runs if r.key in done]
     for i, run in enumerate(todo, start=1):
-        if max_runs is not None and new >= max_runs:
-            break
         if progress:
-            var = f" [{variant_label(list(run.variant))}]" if run.variant else ""
-            progress(f"[{i}/{len(todo)}] {run.task} / {run.method}{var} / seed {run.seed}")
-        cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
-        result = run_once(run.config, cache.get(run.config), callbacks=cbs, record_stats=False)
-        rec = run_record(run, result, code)
-        append_jsonl(log, rec)
+            progress(f"[{i}/{len(todo)}] {_run_label(run)}")
+        rec = _run_and_append(run, log, code)
         done[run.key] = rec
-        new += 1
     return [done[r.key] for r in runs if r.key in done]
+
+
+def _run_label(run: GridRun) -> str:
+    var = f" [{variant_label(list(run.variant))}]" if run.variant else ""
+    return f"{run.task} / {run.method}{var} / seed {run.seed}"
+
+
+_CACHE = _TaskCache()  # one per process (the grid's worker processes each keep their own)
+
+
+def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, Any]:
+    """Train one grid cell and append its record to ``log`` (safe for concurrent writers)."""
+    from eada.experiment import run_once
+
+    cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
+    result = run_once(run.config, _CACHE.get(run.config), callbacks=cbs, record_stats=False)
+    rec = run_record(run, result, code)
+    append_jsonl(log, rec)
+    return rec
+
+
+def _worker_init(threads: int) -> None:
+    from eada.threads import set_threads
+
+    set_threads(threads)
+
+
+def _run_parallel(
+    todo: list[GridRun],
+    log: Path,
+    code: dict[str, Any],
+    jobs: int,
+    threads: int,
+    progress: Callable[[str], None] | None,
+) -> list[dict[str, Any]]:
+    """Run ``todo`` in ``jobs`` worker processes (spawned, ``threads`` threads each); every
+    worker appends its own records to ``log`` as each run finishes, so an interrupted grid
+    resumes as a sequential one does. A failing run stops the grid with its error once the
+    runs already started have finished."""
+    import multiprocessing
+    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update({k: str(threads) for k in names})  # inherited by the spawned workers
+    records: list[dict[str, Any]] = []
+    try:
+        with ProcessPoolExecutor(
+            max_workers=min(jobs, len(todo)),
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init,
+            initargs=(threads,),
+        ) as pool:
+            pending = {pool.submit(_run_and_append, run, log, code): run for run in todo}
+            if progress:
+                n = min(jobs, len(todo))
+                progress(f"{len(todo)} runs in {n} processes, {threads} thread(s) each")
+            while pending:
+                finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
+                for fut in finished:
+                    run = pending.pop(fut)
+                    err = fut.exception()
+                    if err is not None:
+                        for other in pending:
+                            other.cancel()
+                        raise err
+                    records.append(fut.result())
+                    if progress:
+                        progress(f"[{len(records)}/{len(todo)}] done: {_run_label(run)}")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return records
 
 
 # -- tables --------------------------------------------------------------------------------------
@@ -577,6 +654,17 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--data-root", default=None, help="override data.root of every task")
     b.add_argument("--out", required=True, help="output folder (runs.jsonl, tables)")
     b.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
+    b.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the grid in N processes with one thread each (--threads to change), appending "
+        "to runs.jsonl safely; resumable as with one process (default 1)",
+    )
+    from eada.cli import add_threads_argument
+
+    add_threads_argument(b)
     b.add_argument("--format", choices=("md", "latex"), default="md", help="table format")
     b.add_argument("--table-only", action="store_true", help="print the tables of OUT only")
     b.add_argument("--dry-run", action="store_true", help="validate the grid and list it")
@@ -615,7 +703,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 print(("done " if r.key in done else "todo ") + r.key)
             print(f"{len(runs)} runs, {sum(r.key in done for r in runs)} done; configs valid")
             return 0
-        records = run_grid(runs, out, progress=log, max_runs=args.max_runs)
+        if args.jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+        records = run_grid(
+            runs,
+            out,
+            progress=log,
+            max_runs=args.max_runs,
+            jobs=args.jobs,
+            threads=args.threads or 1,
+        )
     tables = {fmt: render_tables(records, fmt) for fmt in ("md", "latex")}
     (out / "tables.md").write_text(tables["md"] + "\n")
     (out / "tables.tex").write_text(tables["latex"] + "\n")

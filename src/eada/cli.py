@@ -198,6 +198,19 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: the thread count of torch and of the BLAS/OpenMP selection code
+    (:mod:`eada.threads`; default: OMP_NUM_THREADS, else 1 for a small model)."""
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads for torch and the selection code (default: OMP_NUM_THREADS if set, else "
+        "1 for a small model and all cores for a large one); recorded in meta.json",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``eada`` command."""
     p = argparse.ArgumentParser(prog="eada", description="Active domain adaptation (EADA).")
@@ -206,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the paper's toy example over several seeds (no download)")
     d.add_argument("--seeds", type=int, default=3, help="number of seeds (default 3)")
     d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    add_threads_argument(d)
     d.set_defaults(func=_cmd_demo)
 
     r = sub.add_parser("run", help="run a preset or a YAML config over one or more seeds")
@@ -227,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write TensorBoard logs to DIR/seed<N> (needs eada[tensorboard])",
     )
+    add_threads_argument(r)
     r.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("report", help="write a self-contained HTML report of a run folder")
@@ -270,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "under torchrun only `eada run` is distributed; run this command in one process"
             )
+        if getattr(args, "threads", None) is not None:
+            from eada.threads import set_threads
+
+            set_threads(args.threads)
         code: Any = args.func(args)
     except (ConfigError, ValueError, FileNotFoundError) as err:
         err_console.print(f"[bold red]error:[/] {err}", highlight=False)

@@ -31,6 +31,7 @@ from eada import energy as energy_ops
 from eada.data.batches import chunks, iterate_inputs
 from eada.data.tasks import Domain
 from eada.models.base import EnergyNet
+from eada.threads import blas_limits
 
 if TYPE_CHECKING:
     from eada.train.loop import ActiveDATrainer
@@ -250,8 +251,9 @@ class DomainStatsRecorder:
                 feats[name] = z.double().numpy()
         out["n"] = {k: len(v) for k, v in out["free_energy"].items()}
         if self.distances:
-            a = proxy_a_distance(feats["source"], feats["target"], seed=self.seed)
-            m = mmd2_rbf(feats["source"], feats["target"])
+            with blas_limits():
+                a = proxy_a_distance(feats["source"], feats["target"], seed=self.seed)
+                m = mmd2_rbf(feats["source"], feats["target"])
             out.update(
                 a_distance=a["a_distance"],
                 domain_error=a["error"],
