@@ -9,6 +9,7 @@ once; all unreadable or missing images are reported together, and the run stops 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from eada.config import FeatureData, ImageListData, ModelConfig
@@ -56,9 +57,15 @@ def backbone_normalization(model: ModelConfig, name: str) -> Normalization:
     return normalization_for(model.backbone, name)
 
 
-def checked_image_lists(cfg: ImageListData) -> tuple[dict[str, ImageList], dict[str, str]]:
+def checked_image_lists(
+    cfg: ImageListData, decoded: Callable[[str, ImageList], bool] | None = None
+) -> tuple[dict[str, ImageList], dict[str, str]]:
     """The source/target/heldout image lists after every check; returns them and the skipped
     images (``{path: reason}``, empty unless ``skip_bad_images``).
+
+    ``decoded(role, images)`` says that a domain's images need no decoding check: they were
+    all decoded when its cached features were extracted (the cache key covers every path,
+    size and modification time), so a re-run does not decode every image twice.
 
     Raises:
         ImageDataError: label ids outside the class map, class names that differ, an empty
@@ -76,7 +83,14 @@ def checked_image_lists(cfg: ImageListData) -> tuple[dict[str, ImageList], dict[
             report.errors.append("heldout and target class names differ")
     if not report.ok:
         raise ImageDataError("image data check failed:\n" + report.format())
-    paths = sorted({p for il in lists.values() for p in il.paths})
+    paths = sorted(
+        {
+            p
+            for role, il in lists.items()
+            if decoded is None or not decoded(role, il)
+            for p in il.paths
+        }
+    )
     bad = find_bad_images(paths)
     if bad and not cfg.skip_bad_images:
         listing = "\n  ".join(f"{p}: {r}" for p, r in sorted(bad.items()))
@@ -99,36 +113,63 @@ def load_image_task(
     import torch
 
     model = model if model is not None else ModelConfig(name="backbone")
-    lists, skipped = checked_image_lists(cfg)
-    spec = transform_spec(cfg)
-    norm = backbone_normalization(model, cfg.transforms.normalization)
-    notes: dict[str, Any] = {"skipped_images": skipped}
-    domains: dict[str, Any] = {}
     if model.freeze_backbone:
-        from eada.models.backbones import build_backbone
-
-        bb = build_backbone(
-            model.backbone, model.weights, model.factory, cfg.transforms.normalization
-        )
-        tfm = build_transform("test", spec, bb.normalization)
-        tkey = transform_key("test", spec, bb.normalization)
-        model_id = model.factory or model.backbone
-        dev = "cuda" if device == "auto" and torch.cuda.is_available() else device
-        dev = "cpu" if dev == "auto" else dev
-        notes["features"] = {"backbone": model_id, "weights": bb.weights_id, "view": "test"}
-        for role, il in lists.items():
-            ds = ImageDomain(il, {"test": tfm}, (3, spec.crop, spec.crop), cfg.workers, "test")
-            key = cache_key(model_id, bb.weights_id, tkey, il.paths)
-            feats, info = cached_features(
-                cfg.cache_dir, key, bb.module, ds, cfg.extract_batch_size, dev
-            )
-            notes["features"][role] = info
-            domains[role] = TensorDomain(il.name, feats, ds.y, list(il.classes))
+        lists, feats, notes = frozen_backbone_features(cfg, model, device)
+        domains: dict[str, Any] = {
+            role: TensorDomain(il.name, feats[role], torch.tensor(il.labels), list(il.classes))
+            for role, il in lists.items()
+        }
     else:
+        lists, skipped = checked_image_lists(cfg)
+        notes = {"skipped_images": skipped}
+        spec = transform_spec(cfg)
+        norm = backbone_normalization(model, cfg.transforms.normalization)
         views = {v: build_transform(v, spec, norm) for v in ("train", "test", "score")}
-        for role, il in lists.items():
-            domains[role] = ImageDomain(il, views, (3, spec.crop, spec.crop), cfg.workers)
+        domains = {
+            role: ImageDomain(il, views, (3, spec.crop, spec.crop), cfg.workers)
+            for role, il in lists.items()
+        }
     return Task(domains["source"], domains["target"], domains.get("heldout"), notes)
+
+
+def frozen_backbone_features(
+    cfg: ImageListData, model: ModelConfig, device: str = "cpu"
+) -> tuple[dict[str, ImageList], dict[str, Any], dict[str, Any]]:
+    """Every domain's features from ``model``'s backbone (test view), through the feature
+    cache: ``(checked image lists, {role: (N, D) tensor}, notes)``.
+
+    Domains whose features are cached are not decoded again (see :func:`checked_image_lists`);
+    the others are decoded once by the check and once by the extraction.
+    """
+    import torch
+
+    from eada.models.backbones import build_backbone
+
+    bb = build_backbone(model.backbone, model.weights, model.factory, cfg.transforms.normalization)
+    spec = transform_spec(cfg)
+    tfm = build_transform("test", spec, bb.normalization)
+    tkey = transform_key("test", spec, bb.normalization)
+    model_id = model.factory or model.backbone
+
+    def key(il: ImageList) -> str:
+        return cache_key(model_id, bb.weights_id, tkey, il.paths)
+
+    def cached(role: str, il: ImageList) -> bool:
+        return (cfg.cache_dir / f"{key(il)}.pt").is_file()
+
+    lists, skipped = checked_image_lists(cfg, decoded=cached)
+    dev = "cuda" if device == "auto" and torch.cuda.is_available() else device
+    dev = "cpu" if dev == "auto" else dev
+    notes: dict[str, Any] = {"skipped_images": skipped}
+    notes["features"] = {"backbone": model_id, "weights": bb.weights_id, "view": "test"}
+    feats: dict[str, Any] = {}
+    for role, il in lists.items():
+        ds = ImageDomain(il, {"test": tfm}, (3, spec.crop, spec.crop), cfg.workers, "test")
+        feats[role], info = cached_features(
+            cfg.cache_dir, key(il), bb.module, ds, cfg.extract_batch_size, dev
+        )
+        notes["features"][role] = info
+    return lists, feats, notes
 
 
 def load_feature_task(cfg: FeatureData) -> Task:
