@@ -636,8 +636,8 @@ def add_parser(sub: Any) -> None:
         "tasks",
         nargs="?",
         default="",
-        help="comma-separated presets or YAML configs, e.g. digits/mnist-usps (not needed with "
-        "--table-only)",
+        help="comma-separated presets or YAML configs, e.g. digits/mnist-usps (with --table-only: "
+        "the tasks to tabulate, default all in OUT)",
     )
     b.add_argument("--methods", default="source_only,random,eada", help="comma-separated methods")
     b.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 (default)")
@@ -686,6 +686,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         records = read_jsonl(out / "runs.jsonl")
         if not records:
             raise FileNotFoundError(f"no finished runs in {out / 'runs.jsonl'}")
+        wanted = _split(args.tasks)
+        if wanted:  # the tables of the tasks named, not of everything the folder holds
+            records = [r for r in records if r["task"] in wanted]
+            if not records:
+                held = ", ".join(dict.fromkeys(r["task"] for r in read_jsonl(out / "runs.jsonl")))
+                raise FileNotFoundError(
+                    f"no finished runs of {', '.join(wanted)} in {out / 'runs.jsonl'} (it holds: "
+                    f"{held})"
+                )
     else:
         if not _split(args.tasks):
             raise ConfigError("give the tasks: comma-separated presets or YAML config files")

@@ -38,7 +38,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     results = run_demo(seeds=args.seeds, out=out, progress=_log)
-    table = Table(title=f"Toy example (paper Fig. 5): target error %, {args.seeds} seeds")
+    # the title as a plain line: a table title wraps at the table's width (rich, 80 columns)
+    console.print(
+        f"Toy example (paper Fig. 5): target error %, {seeds_text(args.seeds)}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    table = Table()
     for col in ("method", "ours (mean ± std)", "paper"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for row in demo_table_rows(results):
@@ -46,6 +52,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"results: {out / 'results.json'}\nfigure:  {out / results['figure']}")
     return 0
+
+
+def seeds_text(n: int) -> str:
+    """``"1 seed"``, ``"3 seeds"``."""
+    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
@@ -121,9 +132,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         distributed.teardown()
     if not summary:  # a rank other than 0: rank 0 prints and writes
         return 0
-    table = Table(
-        title=f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {len(seeds)} seeds)"
+    console.print(
+        f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {seeds_text(len(seeds))})",
+        soft_wrap=True,  # one line however long the name (rich would wrap a title at 80 columns)
+        highlight=False,
     )
+    table = Table()
     table.add_column("round")
     table.add_column("labeled")
     splits = (
@@ -231,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config key, e.g. --set train.epochs=3 (repeatable)",
+        help="override a config key, e.g. --set optim.lr=0.05 (repeatable)",
     )
     r.add_argument("--out", default=None, help="output folder (default runs/<name>)")
     r.add_argument("--dry-run", action="store_true", help="validate and print the plan only")

@@ -107,7 +107,8 @@ def print_summary_extras(console: Console, summary: dict[str, Any]) -> None:
     per_class = fin.get("last_epoch/target/per_class_accuracy")
     classes = summary.get("classes") or []
     if per_class and len(per_class) <= PER_CLASS_TABLE_MAX:
-        table = Table(title="per-class target accuracy %, last epoch (mean ± std)")
+        console.print("per-class target accuracy %, last epoch (mean ± std)", soft_wrap=True)
+        table = Table()
         for name in ("class", "accuracy"):
             table.add_column(name, justify="left" if name == "class" else "right")
         for c, s in enumerate(per_class):
