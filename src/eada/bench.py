@@ -241,6 +241,8 @@ def run_record(
                         "selection_seconds",
                         "scoring_seconds",
                         "selected_error_rate",
+                        "selected",  # the queried target positions (report: toy, images)
+                        "selected_labels",
                     )
                     if k in r
                 },
@@ -276,6 +278,22 @@ def run_record(
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "code": code or {},
         "warnings": [w["message"] for w in res.get("warnings", [])],
+        "best_epoch": _best_epoch(res["final"].get("best_epoch")),
+        "domain_stats": res.get("domain_stats"),
+    }
+
+
+def _best_epoch(best: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The best-epoch entry of a run's results without its per-class lists (compact)."""
+    if not best:
+        return None
+    return {
+        k: (
+            {m: v for m, v in val.items() if m != "per_class_accuracy"}
+            if isinstance(val, dict)
+            else val
+        )
+        for k, val in best.items()
     }
 
 
@@ -343,12 +361,21 @@ def _run_label(run: GridRun) -> str:
 _CACHE = _TaskCache()  # one per process (the grid's worker processes each keep their own)
 
 
+#: free energies a domain and snapshot kept in a bench line (``eada run`` keeps 1,000): enough
+#: for the report's histograms, and a line stays ~25 kB
+BENCH_FREE_ENERGIES = 200
+
+
 def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, Any]:
     """Train one grid cell and append its record to ``log`` (safe for concurrent writers)."""
     from eada.experiment import run_once
+    from eada.reports.domain_stats import DomainStatsRecorder
 
     cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
+    stats = DomainStatsRecorder(n_free_energy=BENCH_FREE_ENERGIES, seed=run.seed)
+    cbs = [*(cbs or []), stats]  # compact domain statistics for the report (histograms, toy)
     result = run_once(run.config, _CACHE.get(run.config), callbacks=cbs, record_stats=False)
+    result["results"]["domain_stats"] = stats.data
     rec = run_record(run, result, code)
     append_jsonl(log, rec)
     return rec
