@@ -38,6 +38,10 @@ NOT_RUN: dict[str, str] = {
     "tests/test_reports.py reports a demo folder",
     "python benchmarks/digits.py --seeds 0-2": "a benchmark; tested below: it trains nothing "
     "when the committed results are there",
+    "eada data features configs/office31_amazon_subset_webcam_lite0_frozen.yaml --out "
+    "feats/office.npz": "minutes of extraction; tests/test_export.py runs it on a subset",
+    "eada run feats/office.yaml --seeds 0-2": "needs the files of the line before it "
+    "(tests/test_export.py runs one)",
     "eada train --store proj": "store training: tests/test_store.py",
     "eada query --store proj": "store flow: tests/test_store.py",
     "eada label import filled.csv --store proj --annotator alice": "needs a filled export",

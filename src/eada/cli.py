@@ -5,10 +5,11 @@ eada run PRESET|CONFIG.yaml [--method M] [--seeds 0-2] [--set key=value ...] [--
 eada run ... --dry-run                     validate and print the plan, touch no data
 eada presets                               list presets and methods
 eada strategies                            list query strategies
-eada bench TASKS --methods M,... --seeds 0-2 --out DIR   resumable grid + paper-style tables
+eada bench TASKS --methods M,... --seeds 0-2 --out DIR [--jobs N]   resumable grid + tables
 eada config show PRESET [--method M]       print a preset as YAML, to edit and run
 eada data index FOLDER --out LIST.txt      list file + class map + checksums of an image folder
 eada data check SOURCE TARGET              validate a source/target image pair
+eada data features CONFIG --out F.npz      a backbone's features of an image config (+ F.yaml)
 eada report RUN_DIR [--out FILE.html]      self-contained HTML report of a run or benchmark
 """
 
