@@ -15,6 +15,8 @@ Cases (small on purpose; the names are the table's):
   (``--cache-dir``; extract them first, e.g. with ``eada data features``);
 * ``digits``: ``eada bench digits/mnist-usps --methods random,eada --seeds 0 --set
   train.epochs=2 --set active.rounds_at=[1]``;
+* ``toy-grid``: ``eada bench toy --methods random,entropy,margin,eada --seeds 0-3`` (16 small
+  runs: the throughput of ``--jobs 2`` against one process);
 * with ``--jobs`` also the two grids with ``--jobs 2`` for versions that have it.
 
     python benchmarks/busy_machine.py --code before=/tmp/old_tree --code after=. \\
@@ -42,12 +44,15 @@ def cases(cache_dir: str, jobs: bool) -> dict[str, list[str]]:
     office += ["--set", "train.epochs=20", "--set", f"data.cache_dir={cache_dir}"]
     digits = ["bench", "digits/mnist-usps", "--methods", "random,eada", "--seeds", "0"]
     digits += ["--set", "train.epochs=2", "--set", "active.rounds_at=[1]"]
+    toy = ["bench", "toy", "--methods", "random,entropy,margin,eada", "--seeds", "0-3"]
     out = {
         "demo": ["demo", "--out", "{out}"],
+        "toy-grid": [*toy, "--out", "{out}"],
         "office31-frozen": [*office, "--out", "{out}"],
         "digits": [*digits, "--out", "{out}"],
     }
     if jobs:
+        out["toy-grid --jobs 2"] = [*toy, "--out", "{out}", "--jobs", "2"]
         out["office31-frozen --jobs 2"] = [*office, "--out", "{out}", "--jobs", "2"]
         out["digits --jobs 2"] = [*digits, "--out", "{out}", "--jobs", "2"]
     return out
