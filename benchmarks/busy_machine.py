@@ -86,7 +86,7 @@ def main() -> None:
     p.add_argument("--cache-dir", required=True, help="feature cache with the Office-31 features")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--jobs", action="store_true", help="also the grids with --jobs 2 (after)")
-    p.add_argument("--only", default=None, help="comma-separated case names")
+    p.add_argument("--only", default=None, help="case names, separated by ';'")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     trees = {}
@@ -95,10 +95,22 @@ def main() -> None:
         trees[label] = (Path(tree).resolve() / "src").resolve()
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     results: list[dict[str, Any]] = []
+
+    def save() -> None:  # after every command: a run cut short keeps what it measured
+        out = {
+            "what": "wall time (s) of each command, default thread settings, a busy neighbour "
+            "(one pure-Python loop process) running",
+            "cases": {k: " ".join(["eada", *v]) for k, v in cases(a.cache_dir, a.jobs).items()},
+            "code": {k: str(v) for k, v in trees.items()},
+            "results": results,
+            "meta": environment_info(),
+        }
+        Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+
     try:
         time.sleep(2)
         for name, args in cases(a.cache_dir, a.jobs).items():
-            if a.only and name not in a.only.split(","):
+            if a.only and name not in a.only.split(";"):
                 continue
             for rep in range(a.repeats):
                 for label, src in trees.items():
@@ -108,18 +120,10 @@ def main() -> None:
                     row = {"case": name, "code": label, "repeat": rep, **r}
                     print(json.dumps(row), flush=True)
                     results.append(row)
+                    save()
     finally:
         neighbour.kill()
         neighbour.wait()
-    out = {
-        "what": "wall time (s) of each command, default thread settings, a busy neighbour "
-        "(one pure-Python loop process) running",
-        "cases": {k: " ".join(["eada", *v]) for k, v in cases(a.cache_dir, a.jobs).items()},
-        "code": {k: str(v) for k, v in trees.items()},
-        "results": results,
-        "meta": environment_info(),
-    }
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

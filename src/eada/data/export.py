@@ -59,15 +59,15 @@ def write_feature_file(
     labels = np.asarray(labels, dtype=np.int64)
     tmp = path.with_name(path.name + ".tmp" + path.suffix)
     if path.suffix == ".npz":
-        np.savez(
-            tmp,
-            features=features,
-            labels=labels,
-            paths=np.array(paths, dtype=str),
-            classes=np.array(classes, dtype=str),
-            domain=np.array(domain),
+        arrays: dict[str, np.ndarray] = {
+            "features": features,
+            "labels": labels,
+            "paths": np.array(paths, dtype=str),
+            "classes": np.array(classes, dtype=str),
+            "domain": np.array(domain),
             **{k: np.array(v) for k, v in meta.items()},
-        )
+        }
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
