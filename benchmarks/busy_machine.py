@@ -9,7 +9,7 @@ every wall time, the load average before each command and the commands themselve
 
 Cases (small on purpose; the names are the table's):
 
-* ``demo``: ``eada demo --out TMP`` (toy, 3 seeds x 4 methods);
+* ``demo``: ``eada demo --out TMP`` (toy, 3 seeds x 4 methods), and ``demo --seeds 1``;
 * ``office31-frozen``: ``eada bench configs/office31_amazon_subset_webcam_lite0_frozen.yaml
   --methods random,eada --seeds 0 --set train.epochs=20`` on cached EfficientNet-Lite0 features
   (``--cache-dir``; extract them first, e.g. with ``eada data features``);
@@ -47,6 +47,7 @@ def cases(cache_dir: str, jobs: bool) -> dict[str, list[str]]:
     toy = ["bench", "toy", "--methods", "random,entropy,margin,eada", "--seeds", "0-3"]
     out = {
         "demo": ["demo", "--out", "{out}"],
+        "demo --seeds 1": ["demo", "--seeds", "1", "--out", "{out}"],
         "toy-grid": [*toy, "--out", "{out}"],
         "office31-frozen": [*office, "--out", "{out}"],
         "digits": [*digits, "--out", "{out}"],
