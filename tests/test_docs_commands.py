@@ -42,15 +42,15 @@ NOT_RUN: dict[str, str] = {
     "feats/office.npz": "minutes of extraction; tests/test_export.py runs it on a subset",
     "eada run feats/office.yaml --seeds 0-2": "needs the files of the line before it "
     "(tests/test_export.py runs one)",
-    "eada train --store proj": "store training: tests/test_store.py",
-    "eada query --store proj": "store flow: tests/test_store.py",
-    "eada label import filled.csv --store proj --annotator alice": "needs a filled export",
-    "eada status --store proj": "store flow: tests/test_store.py",
-    "eada export --store proj --out final/": "store flow: tests/test_store.py",
-    "eada train --store proj --simulate": "a whole simulated run: tests/test_store_resume.py",
-    "eada init --store office --source-dir ../shared/data/office31/amazon --target-dir "
-    "../shared/data/office31/webcam --image-size 32": "KNOWN BUG (store path confinement): "
-    "relative --source-dir paths resolve against the data roots, not the current folder",
+    "eada init --store runs/proj --config configs/annotate_office31_unlabeled.yaml": "extracts "
+    "Lite0 features of 1,795 images (minutes); the store flow: tests/test_store.py",
+    "eada train --store runs/proj": "store flow (needs the init above): tests/test_store.py",
+    "eada query --store runs/proj": "store flow: tests/test_store.py",
+    "eada label import runs/filled.csv --store runs/proj --annotator alice": "needs a filled "
+    "export of the line before it",
+    "eada status --store runs/proj --json": "store flow: tests/test_store.py",
+    "eada report runs/proj": "store flow: the project report's own tests",
+    "eada export --store runs/proj --out runs/final": "store flow: tests/test_store.py",
 }
 TEMPLATE = re.compile(r"\[|\||\.\.\.|\$|\b[A-Z][A-Z_0-9]{2,}\b|\bM\b")
 TRAINS = ("eada run ", "eada bench ")

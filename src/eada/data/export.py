@@ -98,7 +98,7 @@ def export_features(cfg: ExperimentConfig, out: Path, device: str = "cpu") -> di
         ConfigError: ``cfg`` has no image data, or ``out`` is neither ``.npz`` nor
             ``.parquet``.
     """
-    from eada.data.image_tasks import frozen_backbone_features
+    from eada.data.image_tasks import cached_feature_domains, checked_image_lists, image_domains
 
     if not isinstance(cfg.data, ImageListData):
         raise ConfigError(
@@ -107,7 +107,9 @@ def export_features(cfg: ExperimentConfig, out: Path, device: str = "cpu") -> di
         )
     output_paths(out, [])  # check the name before any work
     model = cfg.model.model_copy(update={"freeze_backbone": True})
-    lists, feats, notes = frozen_backbone_features(cfg.data, model, device)
+    lists, _ = checked_image_lists(cfg.data, cached_feature_domains(cfg.data, model))
+    domains, notes = image_domains(cfg.data, model, lists, device)
+    feats = {role: d.x for role, d in domains.items()}
     files = output_paths(out, list(lists))
     out.parent.mkdir(parents=True, exist_ok=True)
     info = notes["features"]

@@ -65,7 +65,8 @@ def checked_image_lists(
 
     ``decoded(role, images)`` says that a domain's images need no decoding check: they were
     all decoded when its cached features were extracted (the cache key covers every path,
-    size and modification time), so a re-run does not decode every image twice.
+    size and modification time), so a re-run does not decode every image again
+    (:func:`cached_feature_domains`).
 
     Raises:
         ImageDataError: label ids outside the class map, class names that differ, an empty
@@ -91,12 +92,7 @@ def checked_image_lists(
     if not report.ok:
         raise ImageDataError("image data check failed:\n" + report.format())
     paths = sorted(
-        {
-            p
-            for role, il in lists.items()
-            if decoded is None or not decoded(role, il)
-            for p in il.paths
-        }
+        {p for r, il in lists.items() if decoded is None or not decoded(r, il) for p in il.paths}
     )
     bad = find_bad_images(paths)
     if bad and not cfg.skip_bad_images:
@@ -117,66 +113,84 @@ def load_image_task(
     cfg: ImageListData, model: ModelConfig | None = None, device: str = "cpu"
 ) -> Task:
     """Image domains, or (``model.freeze_backbone``) cached backbone features of them."""
-    import torch
-
-    model = model if model is not None else ModelConfig(name="backbone")
-    if model.freeze_backbone:
-        lists, feats, notes = frozen_backbone_features(cfg, model, device)
-        domains: dict[str, Any] = {
-            role: TensorDomain(il.name, feats[role], torch.tensor(il.labels), list(il.classes))
-            for role, il in lists.items()
-        }
-    else:
-        lists, skipped = checked_image_lists(cfg)
-        notes = {"skipped_images": skipped}
-        spec = transform_spec(cfg)
-        norm = backbone_normalization(model, cfg.transforms.normalization)
-        views = {v: build_transform(v, spec, norm) for v in ("train", "test", "score")}
-        domains = {
-            role: ImageDomain(il, views, (3, spec.crop, spec.crop), cfg.workers)
-            for role, il in lists.items()
-        }
+    lists, skipped = checked_image_lists(cfg, cached_feature_domains(cfg, model))
+    domains, notes = image_domains(cfg, model, lists, device)
+    notes = {"skipped_images": skipped, **notes}
     return Task(domains["source"], domains["target"], domains.get("heldout"), notes)
 
 
-def frozen_backbone_features(
-    cfg: ImageListData, model: ModelConfig, device: str = "cpu"
-) -> tuple[dict[str, ImageList], dict[str, Any], dict[str, Any]]:
-    """Every domain's features from ``model``'s backbone (test view), through the feature
-    cache: ``(checked image lists, {role: (N, D) tensor}, notes)``.
-
-    Domains whose features are cached are not decoded again (see :func:`checked_image_lists`);
-    the others are decoded once by the check and once by the extraction.
-    """
-    import torch
-
+def cached_feature_domains(
+    cfg: ImageListData, model: ModelConfig | None
+) -> Callable[[str, ImageList], bool] | None:
+    """For a frozen backbone: ``(role, images) -> bool``, whether the feature cache holds that
+    domain's features (then its images need no decoding check); ``None`` otherwise."""
+    if model is None or not model.freeze_backbone:
+        return None
     from eada.models.backbones import build_backbone
 
     bb = build_backbone(model.backbone, model.weights, model.factory, cfg.transforms.normalization)
-    spec = transform_spec(cfg)
-    tfm = build_transform("test", spec, bb.normalization)
-    tkey = transform_key("test", spec, bb.normalization)
+    tkey = transform_key("test", transform_spec(cfg), bb.normalization)
     model_id = model.factory or model.backbone
 
-    def key(il: ImageList) -> str:
-        return cache_key(model_id, bb.weights_id, tkey, il.paths)
-
     def cached(role: str, il: ImageList) -> bool:
-        return (cfg.cache_dir / f"{key(il)}.pt").is_file()
+        key = cache_key(model_id, bb.weights_id, tkey, il.paths)
+        return (cfg.cache_dir / f"{key}.pt").is_file()
 
-    lists, skipped = checked_image_lists(cfg, decoded=cached)
-    dev = "cuda" if device == "auto" and torch.cuda.is_available() else device
-    dev = "cpu" if dev == "auto" else dev
-    notes: dict[str, Any] = {"skipped_images": skipped}
-    notes["features"] = {"backbone": model_id, "weights": bb.weights_id, "view": "test"}
-    feats: dict[str, Any] = {}
-    for role, il in lists.items():
-        ds = ImageDomain(il, {"test": tfm}, (3, spec.crop, spec.crop), cfg.workers, "test")
-        feats[role], info = cached_features(
-            cfg.cache_dir, key(il), bb.module, ds, cfg.extract_batch_size, dev
+    return cached
+
+
+def image_domains(
+    cfg: ImageListData,
+    model: ModelConfig | None,
+    lists: dict[str, ImageList],
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The domain of every checked image list (``{role: ImageList}``): image datasets, or
+    (``model.freeze_backbone``) in-memory features extracted once and cached. ``progress``
+    gets a plain line before and after each domain's extraction, naming it. Returns the
+    domains by role and notes (feature cache hits/misses)."""
+    import torch
+
+    model = model if model is not None else ModelConfig(name="backbone")
+    spec = transform_spec(cfg)
+    norm = backbone_normalization(model, cfg.transforms.normalization)
+    notes: dict[str, Any] = {}
+    domains: dict[str, Any] = {}
+    if model.freeze_backbone:
+        from eada.models.backbones import build_backbone
+
+        bb = build_backbone(
+            model.backbone, model.weights, model.factory, cfg.transforms.normalization
         )
-        notes["features"][role] = info
-    return lists, feats, notes
+        tfm = build_transform("test", spec, bb.normalization)
+        tkey = transform_key("test", spec, bb.normalization)
+        model_id = model.factory or model.backbone
+        dev = "cuda" if device == "auto" and torch.cuda.is_available() else device
+        dev = "cpu" if dev == "auto" else dev
+        notes["features"] = {"backbone": model_id, "weights": bb.weights_id, "view": "test"}
+        for role, il in lists.items():
+            ds = ImageDomain(il, {"test": tfm}, (3, spec.crop, spec.crop), cfg.workers, "test")
+            key = cache_key(model_id, bb.weights_id, tkey, il.paths)
+            what = f"{model_id} features of the {role} domain {il.name!r} ({len(il)} images)"
+            if progress is not None:
+                progress(f"{what} ...")
+            feats, info = cached_features(
+                cfg.cache_dir, key, bb.module, ds, cfg.extract_batch_size, dev
+            )
+            if progress is not None:
+                how = "read from the cache" if info["cache"] == "hit" else "extracted"
+                progress(f"{what}: {how} in {info['seconds']:.1f} s")
+            notes["features"][role] = info
+            domains[role] = TensorDomain(il.name, feats, ds.y, list(il.classes))
+    else:
+        views = {v: build_transform(v, spec, norm) for v in ("train", "test", "score")}
+        # the unlabeled-target training stream (data.transforms.unlabeled_view)
+        unl = cfg.transforms.unlabeled_view
+        views["unlabeled"] = views["train"] if unl == "train" else build_transform(unl, spec, norm)
+        for role, il in lists.items():
+            domains[role] = ImageDomain(il, views, (3, spec.crop, spec.crop), cfg.workers)
+    return domains, notes
 
 
 def load_feature_task(cfg: FeatureData) -> Task:
