@@ -383,7 +383,7 @@ _CACHE = _TaskCache()  # one per process (the grid's worker processes each keep 
 
 
 #: free energies a domain and snapshot kept in a bench line (``eada run`` keeps 1,000): enough
-#: for the report's histograms, and a line stays ~25 kB
+#: for the report's histograms, at a fifth of the size
 BENCH_FREE_ENERGIES = 200
 
 
