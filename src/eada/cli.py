@@ -5,10 +5,11 @@ eada run PRESET|CONFIG.yaml [--method M] [--seeds 0-2] [--set key=value ...] [--
 eada run ... --dry-run                     validate and print the plan, touch no data
 eada presets                               list presets and methods
 eada strategies                            list query strategies
-eada bench TASKS --methods M,... --seeds 0-2 --out DIR   resumable grid + paper-style tables
+eada bench TASKS --methods M,... --seeds 0-2 --out DIR [--jobs N]   resumable grid + tables
 eada config show PRESET [--method M]       print a preset as YAML, to edit and run
 eada data index FOLDER --out LIST.txt      list file + class map + checksums of an image folder
 eada data check SOURCE TARGET              validate a source/target image pair
+eada data features CONFIG --out F.npz      a backbone's features of an image config (+ F.yaml)
 eada report RUN_DIR [--out FILE.html]      self-contained HTML report of a run, benchmark or project
 """
 
@@ -38,7 +39,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     results = run_demo(seeds=args.seeds, out=out, progress=_log)
-    table = Table(title=f"Toy example (paper Fig. 5): target error %, {args.seeds} seeds")
+    # the title as a plain line: a table title wraps at the table's width (rich, 80 columns)
+    console.print(
+        f"Toy example (paper Fig. 5): target error %, {seeds_text(args.seeds)}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    table = Table()
     for col in ("method", "ours (mean ± std)", "paper"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for row in demo_table_rows(results):
@@ -46,6 +53,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"results: {out / 'results.json'}\nfigure:  {out / results['figure']}")
     return 0
+
+
+def seeds_text(n: int) -> str:
+    """``"1 seed"``, ``"3 seeds"``."""
+    return f"{n} seed" if n == 1 else f"{n} seeds"
 
 
 def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
@@ -80,7 +92,7 @@ SUMMARY_COLUMNS = {
 }
 
 
-def summary_table(summary: dict[str, Any], title: str) -> Table:
+def summary_table(summary: dict[str, Any], title: str | None = None) -> Table:
     """The per-round table of a multi-seed summary (:func:`eada.experiment.summarize_runs`):
     labeled count and the accuracy (mean ± std) on the whole target set, on the target samples
     not labeled (at that point; at the final row: never labeled) and on the held-out split;
@@ -185,8 +197,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         distributed.teardown()
     if not summary:  # a rank other than 0: rank 0 prints and writes
         return 0
-    title = f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {len(seeds)} seeds)"
-    table = summary_table(summary, title)
+    console.print(  # the title as a plain line: rich would wrap a table title at 80 columns
+        f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {seeds_text(len(seeds))})",
+        soft_wrap=True,
+        highlight=False,
+    )
+    table = summary_table(summary, None)
     console.print(table)
     from eada.data.commands import print_summary_extras
 
@@ -242,6 +258,19 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: the thread count of torch and of the BLAS/OpenMP selection code
+    (:mod:`eada.threads`; default: OMP_NUM_THREADS, else 1 for a small model)."""
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads for torch and the selection code (default: OMP_NUM_THREADS if set, else "
+        "1 for a small model and all cores for a large one); recorded in meta.json",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``eada`` command."""
     p = argparse.ArgumentParser(prog="eada", description="Active domain adaptation (EADA).")
@@ -250,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the paper's toy example over several seeds (no download)")
     d.add_argument("--seeds", type=int, default=3, help="number of seeds (default 3)")
     d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    add_threads_argument(d)
     d.set_defaults(func=_cmd_demo)
 
     r = sub.add_parser("run", help="run a preset or a YAML config over one or more seeds")
@@ -261,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config key, e.g. --set train.epochs=3 (repeatable)",
+        help="override a config key, e.g. --set optim.lr=0.05 (repeatable)",
     )
     r.add_argument(
         "--out",
@@ -276,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write TensorBoard logs to DIR/seed<N> (needs eada[tensorboard])",
     )
+    add_threads_argument(r)
     r.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("report", help="write a self-contained HTML report of a run folder")
@@ -321,6 +352,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "under torchrun only `eada run` is distributed; run this command in one process"
             )
+        if getattr(args, "threads", None) is not None:
+            from eada.threads import set_threads
+
+            set_threads(args.threads)
         code: Any = args.func(args)
     except KeyboardInterrupt:
         return 130

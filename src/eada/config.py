@@ -287,6 +287,17 @@ class ExperimentConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     active: ActiveConfig = Field(default_factory=ActiveConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _features_default_model(cls, raw: Any) -> Any:
+        """A feature-matrix config without a ``model`` section trains the frozen-backbone
+        configs' head (``linear`` + ``bottleneck_dim: 256``, see :mod:`eada.data.export`)."""
+        if isinstance(raw, dict) and "model" not in raw:
+            data = raw.get("data")
+            if isinstance(data, dict) and data.get("kind") == "features":
+                return {**raw, "model": {"name": "linear", "bottleneck_dim": 256}}
+        return raw
+
     @model_validator(mode="after")
     def _images_need_backbone(self) -> ExperimentConfig:
         if (self.data.kind == "images") != (self.model.name == "backbone"):

@@ -28,6 +28,7 @@ from eada.runs import (
     summarize,
     write_json,
 )
+from eada.threads import thread_record
 from eada.train import ActiveDATrainer
 from eada.train.loop import Callback
 
@@ -58,6 +59,7 @@ def run_once(
     result = trainer.run(progress=progress).to_dict()
     if recorder is not None:
         result["domain_stats"] = recorder.data
+    result["threads"] = trainer.threads
     result["data"] = {"classes": list(task.target.classes), **task.notes}  # e.g. skipped images
     return {"seed": cfg.seed, "config": cfg.resolved(), "results": result}
 
@@ -149,7 +151,8 @@ def run_seeds(
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(out_dir / "config.json", configs[seeds[0]].resolved())
-        write_json(out_dir / "meta.json", {**environment_info(), "world_size": world})
+        meta = {**environment_info(), "world_size": world}
+        write_json(out_dir / "meta.json", meta)
         done = {r["seed"]: r for r in records}
     todo = broadcast_object([s for s in seeds if s not in done])
     for seed in todo:
@@ -167,6 +170,8 @@ def run_seeds(
         done[seed] = run
     if rank != 0:
         return {}
+    if todo:  # the count the runs trained with (chosen per model once it was built)
+        write_json(out_dir / "meta.json", {**meta, "threads": thread_record()})
     runs = [done[s] for s in seeds]
     summary = {
         "name": configs[seeds[0]].name,

@@ -43,6 +43,8 @@ def environment_info() -> dict[str, Any]:
     """Versions and machine facts to store beside results."""
     import torch
 
+    from eada.threads import thread_record
+
     def ver(pkg: str) -> str | None:
         try:
             return metadata.version(pkg)
@@ -58,6 +60,7 @@ def environment_info() -> dict[str, Any]:
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "threads": thread_record(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "git": git_commit(),
         "time_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -93,12 +96,30 @@ def write_json(path: Path, obj: Any) -> Path:
 
 
 def append_jsonl(path: Path, obj: Any) -> None:
-    """Append one JSON line (flushed and fsynced) to ``path``."""
+    """Append one JSON line (fsynced) to ``path``; safe for concurrent writers.
+
+    The line goes out in ONE ``write`` on an ``O_APPEND`` descriptor under an exclusive
+    ``flock``, so processes appending to the same file (``eada bench --jobs N``, two
+    invocations on one ``--out``) never interleave. A torn last line left by a killed writer is
+    cut off first, so it cannot end up in the middle of the file.
+    """
+    import fcntl
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fh.write(json.dumps(_clean(obj)) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    data = (json.dumps(_clean(obj)) + "\n").encode()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            tail = path.read_bytes()
+            os.ftruncate(fd, tail.rfind(b"\n") + 1)  # drop the torn line (0: no full line)
+        view = memoryview(data)
+        while view:  # one write in practice; a short write (full disk) is finished or raises
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

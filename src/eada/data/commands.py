@@ -5,6 +5,8 @@ eada data index FOLDER --out LIST.txt [--no-checksums]
 eada data check SOURCE TARGET [--root DIR] [--no-decode]
     validate a source/target pair (folders or list files); exit status 2 on any error
     (a data problem is the user's to fix, like every other user error)
+eada data features CONFIG --out OUT.npz|OUT.parquet [--set KEY=VALUE] [--device cpu]
+    a backbone's features of an image config, one file a domain, + OUT.yaml to train on them
 """
 
 from __future__ import annotations
@@ -47,9 +49,25 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 2
 
 
+def _cmd_features(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from eada.config import load_config
+    from eada.data.export import export_features
+
+    cfg = load_config(args.config, args.set)
+    files = export_features(cfg, Path(args.out), args.device)
+    for role, path in files.items():  # plain lines: paths must not wrap in a log
+        print(f"{role}: {path}")
+    print(f"train on them: eada run {files['config']}")
+    return 0
+
+
 def add_data_commands(sub: Any) -> None:
     """Register ``eada data index`` and ``eada data check`` on the ``eada`` subparsers."""
-    d = sub.add_parser("data", help="image data: index a folder, check a source/target pair")
+    d = sub.add_parser(
+        "data", help="image data: index a folder, check a pair, export backbone features"
+    )
     dsub = d.add_subparsers(dest="data_command", required=True)
     i = dsub.add_parser("index", help="write a list file (+ class map, checksums) of a folder")
     i.add_argument("folder", help="a domain folder DOMAIN/[images/]CLASS/*.jpg")
@@ -67,6 +85,21 @@ def add_data_commands(sub: Any) -> None:
         help="accept list paths that resolve outside --root (default: an error)",
     )
     c.set_defaults(func=_cmd_check)
+    f = dsub.add_parser(
+        "features",
+        help="write a backbone's features of an image config (.npz/.parquet + a config)",
+    )
+    f.add_argument("config", help="an image config (data.kind: images), any backbone it takes")
+    f.add_argument(
+        "--out",
+        required=True,
+        help="OUT.npz or OUT.parquet: writes OUT_source/_target[/_heldout] files and OUT.yaml",
+    )
+    f.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key"
+    )
+    f.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    f.set_defaults(func=_cmd_features)
 
 
 def print_summary_extras(console: Console, summary: dict[str, Any]) -> None:
@@ -88,7 +121,8 @@ def print_summary_extras(console: Console, summary: dict[str, Any]) -> None:
     per_class = fin.get("last_epoch/target/per_class_accuracy")
     classes = summary.get("classes") or []
     if per_class and len(per_class) <= PER_CLASS_TABLE_MAX:
-        table = Table(title="per-class target accuracy %, last epoch (mean ± std)")
+        console.print("per-class target accuracy %, last epoch (mean ± std)", soft_wrap=True)
+        table = Table()
         for name in ("class", "accuracy"):
             table.add_column(name, justify="left" if name == "class" else "right")
         for c, s in enumerate(per_class):

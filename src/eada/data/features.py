@@ -239,6 +239,44 @@ def cache_key(model_id: str, weights_id: str, transform_id: str, paths: Sequence
     return h.hexdigest()
 
 
+class PlainProgress:
+    """Progress as plain lines on stderr, for logs (stderr not a terminal): one at the start,
+    then every ``every_share`` of the work or ``every_seconds``, whichever comes first, and one
+    at the end, e.g. ``extracting features: 320/1000 (32%), 41 s, about 87 s left``."""
+
+    def __init__(
+        self, what: str, total: int, every_share: float = 0.1, every_seconds: float = 30.0
+    ) -> None:
+        import sys
+
+        self.what, self.total = what, total
+        self.every_share, self.every_seconds = every_share, every_seconds
+        self.t0 = self.last_t = time.perf_counter()
+        self.last_done = 0
+        self.stream = sys.stderr
+        self._print(f"{what}: {total} samples")
+
+    def _print(self, line: str) -> None:
+        print(line, file=self.stream, flush=True)
+
+    def update(self, done: int) -> None:
+        """Record ``done`` samples finished; prints a line when one is due."""
+        now = time.perf_counter()
+        due = (
+            done >= self.total
+            or done - self.last_done >= self.every_share * self.total
+            or now - self.last_t >= self.every_seconds
+        )
+        if not due or done == self.last_done:
+            return
+        spent = now - self.t0
+        left = spent / done * (self.total - done) if done else 0.0
+        pct = 100.0 * done / max(1, self.total)
+        tail = f", about {left:.0f} s left" if done < self.total else ""
+        self._print(f"{self.what}: {done}/{self.total} ({pct:.0f}%), {spent:.0f} s{tail}")
+        self.last_done, self.last_t = done, now
+
+
 @torch.no_grad()
 def extract_features(
     backbone: nn.Module,
@@ -260,7 +298,7 @@ def extract_features(
     backbone = backbone.to(dev).to(memory_format=torch.channels_last).eval()
     out = []
     console = Console(stderr=True)
-    # a bar with ETA on a terminal; nothing at all when stderr is not one (logs, CI)
+    # a bar with ETA on a terminal; plain lines (every 10% or 30 s) when stderr is not one
     bar = Progress(
         "  extracting features",
         BarColumn(),
@@ -272,7 +310,14 @@ def extract_features(
         transient=True,
     )
     task = bar.add_task("features", total=None)
-    with bar, report_batches(lambda done, total: bar.update(task, total=total, completed=done)):
+    plain = PlainProgress("extracting features", len(domain)) if not console.is_terminal else None
+
+    def on_batch(done: int, total: int) -> None:
+        bar.update(task, total=total, completed=done)
+        if plain is not None:
+            plain.update(min(len(domain), done * batch_size))
+
+    with bar, report_batches(on_batch):
         for x in iterate_inputs(domain, chunks(torch.arange(len(domain)), batch_size)):
             x = x.to(dev, non_blocking=True).contiguous(memory_format=torch.channels_last)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):

@@ -57,9 +57,16 @@ def backbone_normalization(model: ModelConfig, name: str) -> Normalization:
     return normalization_for(model.backbone, name)
 
 
-def checked_image_lists(cfg: ImageListData) -> tuple[dict[str, ImageList], dict[str, str]]:
+def checked_image_lists(
+    cfg: ImageListData, decoded: Callable[[str, ImageList], bool] | None = None
+) -> tuple[dict[str, ImageList], dict[str, str]]:
     """The source/target/heldout image lists after every check; returns them and the skipped
     images (``{path: reason}``, empty unless ``skip_bad_images``).
+
+    ``decoded(role, images)`` says that a domain's images need no decoding check: they were
+    all decoded when its cached features were extracted (the cache key covers every path,
+    size and modification time), so a re-run does not decode every image again
+    (:func:`cached_feature_domains`).
 
     Raises:
         ImageDataError: label ids outside the class map, class names that differ, an empty
@@ -84,7 +91,9 @@ def checked_image_lists(cfg: ImageListData) -> tuple[dict[str, ImageList], dict[
             report.errors.append("heldout and target class names differ")
     if not report.ok:
         raise ImageDataError("image data check failed:\n" + report.format())
-    paths = sorted({p for il in lists.values() for p in il.paths})
+    paths = sorted(
+        {p for r, il in lists.items() if decoded is None or not decoded(r, il) for p in il.paths}
+    )
     bad = find_bad_images(paths)
     if bad and not cfg.skip_bad_images:
         listing = "\n  ".join(f"{p}: {r}" for p, r in sorted(bad.items()))
@@ -104,10 +113,30 @@ def load_image_task(
     cfg: ImageListData, model: ModelConfig | None = None, device: str = "cpu"
 ) -> Task:
     """Image domains, or (``model.freeze_backbone``) cached backbone features of them."""
-    lists, skipped = checked_image_lists(cfg)
+    lists, skipped = checked_image_lists(cfg, cached_feature_domains(cfg, model))
     domains, notes = image_domains(cfg, model, lists, device)
     notes = {"skipped_images": skipped, **notes}
     return Task(domains["source"], domains["target"], domains.get("heldout"), notes)
+
+
+def cached_feature_domains(
+    cfg: ImageListData, model: ModelConfig | None
+) -> Callable[[str, ImageList], bool] | None:
+    """For a frozen backbone: ``(role, images) -> bool``, whether the feature cache holds that
+    domain's features (then its images need no decoding check); ``None`` otherwise."""
+    if model is None or not model.freeze_backbone:
+        return None
+    from eada.models.backbones import build_backbone
+
+    bb = build_backbone(model.backbone, model.weights, model.factory, cfg.transforms.normalization)
+    tkey = transform_key("test", transform_spec(cfg), bb.normalization)
+    model_id = model.factory or model.backbone
+
+    def cached(role: str, il: ImageList) -> bool:
+        key = cache_key(model_id, bb.weights_id, tkey, il.paths)
+        return (cfg.cache_dir / f"{key}.pt").is_file()
+
+    return cached
 
 
 def image_domains(

@@ -97,8 +97,9 @@ def is_bench_line(rec: dict[str, Any]) -> bool:
 
 def expand_bench_line(rec: dict[str, Any]) -> dict[str, Any]:
     """A compact ``eada bench`` line as a run record (``seed``, ``config``, ``results``) with
-    the parts the report reads: per-round accuracy, timings, error on queried samples and the
-    final accuracies (no histories, selections or domain statistics)."""
+    the parts the report reads: per-round accuracy, timings, error on queried samples, the
+    final (last and best epoch) accuracies and the domain statistics (no histories or
+    selections)."""
     last: dict[str, Any] = {}
     for key, value in rec["final"].items():
         split, _, metric = key.partition("/")
@@ -110,17 +111,19 @@ def expand_bench_line(rec: dict[str, Any]) -> dict[str, Any]:
             row["after_training"] = {"target": {"accuracy": r["target_accuracy"]}}
         rounds.append(row)
     plan = [{"pool_before": r["pool_before"]} for r in rounds if "pool_before" in r][:1]
-    return {
-        "seed": rec["seed"],
-        "config": rec["config"],
-        "results": {
-            "rounds": rounds,
-            "final": {"last_epoch": last},
-            "plan": plan,
-            "history": [],
-            "n_labeled": rec.get("n_labeled", 0),
-        },
+    final: dict[str, Any] = {"last_epoch": last}
+    if rec.get("best_epoch"):
+        final["best_epoch"] = rec["best_epoch"]
+    results: dict[str, Any] = {
+        "rounds": rounds,
+        "final": final,
+        "plan": plan,
+        "history": [],
+        "n_labeled": rec.get("n_labeled", 0),
     }
+    if rec.get("domain_stats"):
+        results["domain_stats"] = rec["domain_stats"]
+    return {"seed": rec["seed"], "config": rec["config"], "results": results}
 
 
 def _method_of(cfg: dict[str, Any]) -> str:

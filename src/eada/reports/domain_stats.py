@@ -31,6 +31,7 @@ from eada import energy as energy_ops
 from eada.data.batches import chunks, iterate_inputs
 from eada.data.tasks import Domain
 from eada.models.base import EnergyNet
+from eada.threads import blas_limits
 
 if TYPE_CHECKING:
     from eada.train.loop import ActiveDATrainer
@@ -219,11 +220,12 @@ class DomainStatsRecorder:
         self.data["seconds"] += time.perf_counter() - t0
 
     def _subsample(self, name: str, n_total: int, n: int) -> torch.Tensor:
+        """The first ``n`` positions of a fixed random permutation of the domain (in that
+        random order, so any prefix is a uniform subsample)."""
         key = f"{name}/{n}"
         if key not in self._idx:
             rng = np.random.default_rng([self.seed, len(self._idx), n_total])
-            pick = np.sort(rng.permutation(n_total)[: min(n, n_total)])
-            self._idx[key] = torch.from_numpy(pick)
+            self._idx[key] = torch.from_numpy(rng.permutation(n_total)[: min(n, n_total)])
         return self._idx[key]
 
     def snapshot(self, trainer: ActiveDATrainer, stage: str, epoch: int) -> dict[str, Any]:
@@ -240,18 +242,18 @@ class DomainStatsRecorder:
         }
         feats: dict[str, np.ndarray] = {}
         for name, dom in domains.items():
-            idx_f = self._subsample(name, len(dom), self.n_free_energy)
-            e, _ = _outputs(trainer.model, dom, idx_f, bs, trainer.device, features=False)
-            out["free_energy"][name] = _round(energy_ops.free_energy(e, tau))
-            if self.distances:
-                idx_z = self._subsample(name, len(dom), self.n_features)
-                _, z = _outputs(trainer.model, dom, idx_z, bs, trainer.device, features=True)
-                assert z is not None
-                feats[name] = z.double().numpy()
+            # ONE forward pass a domain: the first n_free_energy rows of a fixed random
+            # permutation give the free energies, its first n_features rows the features
+            idx = self._subsample(name, len(dom), max(self.n_free_energy, self.n_features))
+            e, z = _outputs(trainer.model, dom, idx, bs, trainer.device, features=self.distances)
+            out["free_energy"][name] = _round(energy_ops.free_energy(e[: self.n_free_energy], tau))
+            if z is not None:
+                feats[name] = z[: self.n_features].double().numpy()
         out["n"] = {k: len(v) for k, v in out["free_energy"].items()}
         if self.distances:
-            a = proxy_a_distance(feats["source"], feats["target"], seed=self.seed)
-            m = mmd2_rbf(feats["source"], feats["target"])
+            with blas_limits():
+                a = proxy_a_distance(feats["source"], feats["target"], seed=self.seed)
+                m = mmd2_rbf(feats["source"], feats["target"])
             out.update(
                 a_distance=a["a_distance"],
                 domain_error=a["error"],

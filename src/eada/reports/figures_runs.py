@@ -147,11 +147,13 @@ def plot_accuracy_curves(
         m, s = np.asarray(c.mean, float), np.asarray(c.std, float)
         if c.flat:
             ax.axhline(m[-1], color=col, ls="--", lw=1.4, label=f"{c.label} ({m[-1]:.1f})")
-            ax.axhspan(m[-1] - s[-1], m[-1] + s[-1], color=col, alpha=0.12)
+            lo, hi = np.clip([m[-1] - s[-1], m[-1] + s[-1]], 0.0, 100.0)
+            ax.axhspan(lo, hi, color=col, alpha=0.12)
             continue
         x = np.asarray(c.x, float)
         ax.plot(x, m, marker="o", ms=4, color=col, lw=1.6, label=c.label)
-        ax.fill_between(x, m - s, m + s, color=col, alpha=0.18)
+        # mean +- std of a percentage, clipped to [0, 100] (a band is no claim past 100 %)
+        ax.fill_between(x, np.clip(m - s, 0, 100), np.clip(m + s, 0, 100), color=col, alpha=0.18)
     ax.set_xlim(x_lo - 0.05 * (x_hi - x_lo + 1e-9), x_hi + 0.05 * (x_hi - x_lo + 1e-9))
     y_lo, y_hi = ax.get_ylim()
     ax.set_ylim(max(y_lo, 0.0), min(y_hi, 100.5))  # accuracies: bands never leave [0, 100]
@@ -176,7 +178,9 @@ def plot_selected_error(series: dict[str, tuple[list[int], list[float], list[flo
     width = 0.8 / len(series)
     for i, (label, (rounds, mean, std)) in enumerate(series.items()):
         x = np.asarray(rounds, float) + (i - (len(series) - 1) / 2) * width
-        ax.bar(x, mean, width, yerr=std, capsize=2, color=PALETTE[i % len(PALETTE)], label=label)
+        m, sd = np.asarray(mean, float), np.asarray(std, float)
+        yerr = [m - np.clip(m - sd, 0, 100), np.clip(m + sd, 0, 100) - m]  # kept in [0, 100]
+        ax.bar(x, m, width, yerr=yerr, capsize=2, color=PALETTE[i % len(PALETTE)], label=label)
     all_rounds = sorted({r for rounds, _, _ in series.values() for r in rounds})
     ax.set_xticks(all_rounds)
     ax.set_xlabel("round")

@@ -8,6 +8,7 @@ send ``selection.indices`` (positions into the pool) to whoever labels them.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable
@@ -329,6 +330,20 @@ def check_params(
 STRATEGIES: dict[str, StrategySpec] = {}
 
 
+def _thread_limited(fn: Callable[..., Selection]) -> Callable[..., Selection]:
+    """``fn`` run under :func:`eada.threads.blas_limits` (BLAS/OpenMP pools limited to the
+    process's chosen thread count: k-means, pairwise distances, ...)."""
+
+    @functools.wraps(fn)
+    def limited(*args: Any, **kwargs: Any) -> Selection:
+        from eada.threads import blas_limits
+
+        with blas_limits():
+            return fn(*args, **kwargs)
+
+    return limited
+
+
 def register(
     name: str, *, needs: tuple[str, ...], summary: str, reference: str
 ) -> Callable[[Callable[..., Selection]], Callable[..., Selection]]:
@@ -337,7 +352,7 @@ def register(
     def wrap(fn: Callable[..., Selection]) -> Callable[..., Selection]:
         if name in STRATEGIES:
             raise ValueError(f"strategy {name!r} is registered twice")
-        STRATEGIES[name] = StrategySpec(name, fn, needs, summary, reference)
+        STRATEGIES[name] = StrategySpec(name, _thread_limited(fn), needs, summary, reference)
         return fn
 
     return wrap

@@ -116,13 +116,15 @@ def gradient_embedding_factors(
         >>> a.tolist()
         [[-0.5, 0.5]]
     """
-    e = np.asarray(energies, dtype=np.float64)
-    e = -(e - e.min(axis=1, keepdims=True))
-    p = np.exp(e)
-    p /= p.sum(axis=1, keepdims=True)
-    a = p
-    a[np.arange(len(a)), np.argmax(p, axis=1)] -= 1.0
-    return a.astype(np.float32), np.asarray(embeddings, dtype=np.float32)
+    # one float32 (N, C) array, updated in place (no float64 N x C temporaries): softmax of -E
+    # with the row minimum subtracted first, so exp never overflows
+    a = np.array(energies, dtype=np.float32, copy=True)
+    a -= a.min(axis=1, keepdims=True)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    a /= a.sum(axis=1, keepdims=True)
+    a[np.arange(len(a)), np.argmax(a, axis=1)] -= 1.0
+    return a, np.asarray(embeddings, dtype=np.float32)
 
 
 @register(

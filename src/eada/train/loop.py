@@ -51,6 +51,7 @@ from eada.strategies import (
     resolve_budget,
     stage_sizes,
 )
+from eada.threads import configure_for_model
 from eada.train.aux import build_aux, complete_pool_outputs
 from eada.train.evaluate import (
     accuracy_metrics,
@@ -328,6 +329,7 @@ class ActiveDATrainer:
         ).to(self.device)
         if cfg.train.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
+        self.threads = configure_for_model(self.model)  # eada.threads: --threads, env, model size
         self.optimizer = build_optimizer(cfg.optim, self.model)
         self.rank, self.world = dist_ops.rank_world()
         amp = self.device.type == "cuda" and cfg.train.amp

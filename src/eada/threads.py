@@ -1,0 +1,167 @@
+"""Thread counts, chosen deliberately.
+
+On a machine that other jobs share, too many threads cost far more than too few: torch's and the
+BLAS libraries' default (one thread a core) makes an epoch of a small model 50x slower once the
+cores are busy, and OpenMP barriers in BLAS/k-means calls spin on cores that are not free.
+So ``eada`` decides the count once a process and applies it everywhere:
+
+* :func:`set_threads` (``--threads N`` of ``eada run / bench / demo / train``) fixes the count;
+* without it, ``OMP_NUM_THREADS`` decides when it is set;
+* otherwise the model decides (:func:`threads_for_model`): a small model (fewer than
+  :data:`SMALL_MODEL_PARAMS` parameters, e.g. the toy's linear head or the digits LeNet, or a
+  head trained on cached features) gets ONE thread, because its steps are too short to share
+  between threads; a large one (an image backbone in the training step) gets the cores this
+  process may use (:func:`available_cores`);
+* the BLAS/OpenMP-heavy selection code (BADGE, CoreSet, CLUE's k-means, DBAL, ...) and the
+  scikit-learn statistics run under :func:`blas_limits`, limited by ``threadpoolctl`` to the
+  same count.
+
+The count a run used is recorded (``meta.json`` ``threads``, :func:`thread_record`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+#: Models with fewer parameters than this train on one thread unless told otherwise.
+SMALL_MODEL_PARAMS = 2_000_000
+
+_requested: int | None = None
+_applied: int | None = None
+_source: str = "default"
+
+
+def available_cores() -> int:
+    """The number of cores this process may run on (CPU affinity, else ``os.cpu_count()``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def env_threads() -> int | None:
+    """``OMP_NUM_THREADS`` as a positive integer, or ``None`` when unset or not a number."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    try:
+        n = int(value)
+    except ValueError:
+        return None
+    return n if n >= 1 else None
+
+
+def check_threads(n: int) -> int:
+    """``n`` if it is a valid thread count (>= 1), else a ``ValueError`` naming it."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"--threads must be an integer >= 1, got {n!r}")
+    return n
+
+
+def set_threads(n: int | None) -> None:
+    """Fix the thread count of this process (``None``: choose per model, see the module doc).
+
+    Applies it to torch at once; :func:`blas_limits` and :func:`configure_for_model` use it.
+    """
+    global _requested, _applied, _source
+    if n is None:
+        _requested = None
+        return
+    _requested = check_threads(n)
+    _source = "--threads"
+    torch.set_num_threads(n)
+    _applied = n
+
+
+def requested_threads() -> int | None:
+    """The count given to :func:`set_threads`, or ``None``."""
+    return _requested
+
+
+def model_parameters(model: torch.nn.Module) -> int:
+    """Number of parameters of ``model`` (frozen ones included: they still cost compute)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def threads_for_model(model: torch.nn.Module | None) -> tuple[int, str]:
+    """The thread count for training ``model`` and why: ``(n, source)``.
+
+    ``source`` is ``"--threads"``, ``"OMP_NUM_THREADS"``, ``"small model"`` or ``"large
+    model"``.
+    """
+    if _requested is not None:
+        return _requested, "--threads"
+    env = env_threads()
+    if env is not None:
+        return env, "OMP_NUM_THREADS"
+    if model is not None and model_parameters(model) < SMALL_MODEL_PARAMS:
+        return 1, "small model"
+    return available_cores(), "large model"
+
+
+def configure_for_model(model: torch.nn.Module | None) -> int:
+    """Choose the thread count for ``model`` (:func:`threads_for_model`), apply it to torch and
+    remember it for :func:`blas_limits` and :func:`thread_record`; returns the count."""
+    global _applied, _source
+    n, source = threads_for_model(model)
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    _applied, _source = n, source
+    return n
+
+
+def selection_threads() -> int:
+    """The count the BLAS/OpenMP-heavy code runs with: the one applied or requested, else
+    ``OMP_NUM_THREADS``, else torch's current count."""
+    if _requested is not None:
+        return _requested
+    if _applied is not None:
+        return _applied
+    return env_threads() or torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def blas_limits(n: int | None = None) -> Iterator[int]:
+    """Limit BLAS and OpenMP thread pools (numpy, scikit-learn, ...) to ``n`` threads
+    (default :func:`selection_threads`) inside the block, with ``threadpoolctl``.
+
+    Example:
+        >>> with blas_limits(1) as n:
+        ...     n
+        1
+    """
+    count = check_threads(n if n is not None else selection_threads())
+    with _controller().limit(limits=count):
+        yield count
+
+
+_pools: tuple[int, Any] | None = None
+
+
+def _controller() -> Any:
+    """A cached ``threadpoolctl.ThreadpoolController`` (finding the loaded libraries costs
+    ~2 ms, more than a cheap strategy's whole call), renewed when modules were imported since
+    (a newly imported extension may bring its own BLAS or OpenMP)."""
+    global _pools
+    from threadpoolctl import ThreadpoolController
+
+    if _pools is None or _pools[0] != len(sys.modules):
+        _pools = (len(sys.modules), ThreadpoolController())
+    return _pools[1]
+
+
+def thread_record() -> dict[str, Any]:
+    """What to store in ``meta.json``: the torch count, the selection (BLAS/OpenMP) count, where
+    the count came from, and the cores available."""
+    return {
+        "torch": torch.get_num_threads(),
+        "selection": selection_threads(),
+        "source": _source if _applied is not None or _requested is not None else "default",
+        "requested": _requested,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "available_cores": available_cores(),
+    }
