@@ -181,6 +181,9 @@ class TrainConfig(_Strict):
     amp: bool = True  # bfloat16 autocast of the forward passes, on CUDA only
     forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
     channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
+    # which free energy L_fea and Delta use: the paper's F, or the shift-invariant F - mean_y E
+    # (eada.energy.ALIGNMENTS / centered_free_energy)
+    alignment: Literal["paper", "centered"] = "paper"
 
 
 class ActiveConfig(_Strict):

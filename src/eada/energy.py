@@ -26,9 +26,13 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "ALIGNMENTS",
     "AlignmentRunawayWarning",
     "DeltaEstimator",
+    "alignment_free_energy",
     "alignment_runaway",
+    "centered_free_energy",
+    "common_mode_drift",
     "energy_from_logits",
     "energy_nll",
     "free_energy",
@@ -64,6 +68,64 @@ def free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     if tau <= 0:
         raise ValueError(f"tau must be > 0, got {tau}")
     return -torch.logsumexp(-tau * energies, dim=1) / tau
+
+
+def centered_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """Shift-invariant free energy ``G(x) = F(x) - mean_y E(x, y)``.
+
+    The energy NLL ``E(x, y) - F(x)`` (and so the prediction) does not change when a constant
+    ``c(x)`` is added to all energies of a sample; ``F`` moves by exactly ``c(x)``. So ``F`` is
+    the sum of a *common mode* ``mean_y E(x, y)``, which no supervised term constrains, and
+    ``G``, which depends only on the *shape* ``E(x, .) - mean_y E(x, .)`` the NLL trains.
+    ``G`` is a confidence: ``G <= -log(C) / tau`` (Jensen), with equality for equal energies,
+    and it falls as one class's energy drops below the others. Its gradient
+    ``dG/dE(x, y) = p(y|x) - 1/C`` sums to zero over the classes, so a loss on ``G`` cannot
+    move the common mode (``dF/dE = p(y|x)`` sums to one: every step of a loss on ``F`` pushes
+    the common mode of the energies by the same amount, and nothing pushes back).
+
+    Args:
+        energies: ``(N, C)`` energies.
+        tau: reverse temperature, ``> 0``.
+
+    Returns:
+        ``(N,)`` centred free energies.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0], [10.0, 11.0, 13.0], [2.0, 2.0, 2.0]])
+        >>> free_energy(E)  # rows 1 and 2 differ only by the common mode (+10)
+        tensor([-0.3490,  9.6510,  0.9014])
+        >>> centered_free_energy(E)  # ... which G ignores; row 3 (uniform) sits at -log 3
+        tensor([-1.6823, -1.6823, -1.0986])
+    """
+    return free_energy(energies, tau) - energies.mean(dim=1)
+
+
+ALIGNMENTS = ("paper", "centered")
+"""The alignment variants (``train.alignment``): which free energy ``L_fea`` and ``Delta`` use.
+
+* ``paper``: ``F`` (Eq. 5), as the paper and the authors' code;
+* ``centered``: ``G = F - mean_y E`` (:func:`centered_free_energy`), the shift-invariant part.
+"""
+
+
+def alignment_free_energy(
+    energies: torch.Tensor, alignment: str = "paper", tau: float = 1.0
+) -> torch.Tensor:
+    """The free energy the alignment loss compares: ``F`` (``"paper"``) or the centred ``G``
+    (``"centered"``); see :data:`ALIGNMENTS`.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0]])
+        >>> alignment_free_energy(E, "paper"), alignment_free_energy(E, "centered")
+        (tensor([-0.3490]), tensor([-1.6823]))
+    """
+    if alignment == "paper":
+        return free_energy(energies, tau)
+    if alignment == "centered":
+        return centered_free_energy(energies, tau)
+    raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
 
 
 def mvsm(energies: torch.Tensor) -> torch.Tensor:
@@ -118,21 +180,36 @@ def free_energy_alignment_loss(
     delta: float | torch.Tensor,
     tau: float = 1.0,
     reduction: Literal["mean", "sum", "none"] = "mean",
+    alignment: str = "paper",
 ) -> torch.Tensor:
     """Free-energy alignment loss ``L_fea(x) = max(0, F(x) - Delta)`` (paper Eq. 7).
 
     Pulls the free energy of unlabeled target samples down to the source level ``Delta`` (see
-    :class:`DeltaEstimator`); samples already below ``Delta`` cost nothing.
+    :class:`DeltaEstimator`); samples already below ``Delta`` cost nothing. With
+    ``alignment="centered"`` the loss is ``max(0, G(x) - Delta)`` with the shift-invariant
+    ``G = F - mean_y E`` (:func:`centered_free_energy`), and ``Delta`` must then be the running
+    source mean of ``G``: the loss sees only what the NLL sees, so it cannot lower itself by
+    moving the unconstrained common mode of the energies. ``G <= -log(C)/tau``, so each
+    sample's loss is at most ``-log(C)/tau - Delta`` and its gradient norm below 1.
 
     Args:
         energies: ``(N, C)`` energies of unlabeled target samples.
-        delta: the running source free-energy level (no gradient flows into it).
+        delta: the running source level of the same free energy (no gradient flows into it).
         tau: reverse temperature for the free energy.
         reduction: ``"mean"`` (the paper's expectation), ``"sum"`` or ``"none"``.
+        alignment: ``"paper"`` (``F``) or ``"centered"`` (``G``), see :data:`ALIGNMENTS`.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0], [-50.0, -49.0, -47.0]])
+        >>> free_energy_alignment_loss(E, delta=-1.0, reduction="none")  # shift pays
+        tensor([0.6510, 0.0000])
+        >>> free_energy_alignment_loss(E, delta=-2.0, reduction="none", alignment="centered")
+        tensor([0.3177, 0.3177])
     """
     if isinstance(delta, torch.Tensor):
         delta = delta.detach()
-    per_sample = torch.clamp(free_energy(energies, tau) - delta, min=0.0)
+    per_sample = torch.clamp(alignment_free_energy(energies, alignment, tau) - delta, min=0.0)
     if reduction == "none":
         return per_sample
     return per_sample.sum() if reduction == "sum" else per_sample.mean()
@@ -262,6 +339,56 @@ def alignment_runaway(
         f"{span} {unit}: L_fea is scaling all energies up instead of aligning the domains. "
         "Lower train.gamma (on MNIST->MNIST-M, 0.01 ran away under Adam and 0.001 trained "
         "stably; BENCHMARKS.md)."
+    )
+
+
+def common_mode_drift(
+    common_modes: list[float], centered: list[float], unit: str = "epochs"
+) -> str | None:
+    """Detect the drift of the energies' common mode under the paper's ``L_fea`` (fast or slow).
+
+    ``F = mean_y E + G`` (:func:`centered_free_energy`). The NLL does not see the common mode
+    ``mean_y E``, so under ``alignment="paper"`` only ``L_fea`` moves it: every step pushes it
+    down with a gradient of ``gamma`` per active target sample and nothing pushes back, so
+    ``Delta`` follows it down and the hinge is never met. Measured on MNIST->MNIST-M (LeNet,
+    Adam, seed 0; ``benchmarks/results/alignment/diagnosis``): the source common mode went
+    -1.6, -7.5, -27.7, -127.6 over epochs 1-4 while the source ``G`` went -11.4, -36.0, -52.0,
+    -100.0; on Office-31 frozen Lite0 (where ``L_fea`` helps) it stayed within 0.05 of 0 for 50
+    epochs while ``G`` sat near -13.
+
+    The rule is scale-free: warn once the common mode has moved, since the first logged entry,
+    by more than the magnitude of the mean source ``G`` (the part of ``F`` the NLL trains), i.e.
+    when most of ``Delta`` is a level no supervised term anchors. It does not depend on the
+    speed of the drift, so a slow one (Adadelta) is caught when it gets that far.
+
+    Args:
+        common_modes: mean ``mean_y E(x_s, y)`` over each epoch's (window's) source batches.
+        centered: mean ``G(x_s)`` of the same epochs.
+        unit: what one entry covers, for the message.
+
+    Returns:
+        a message naming the values, or ``None``.
+
+    Example:
+        >>> common_mode_drift([-1.6, -7.5, -27.7, -127.6], [-11.4, -36.0, -52.0, -100.0])
+        ... # doctest: +ELLIPSIS
+        'the common mode of the source energies moved -1.6 -> -127.6 over 3 epochs, more ...'
+        >>> common_mode_drift([-0.01, 0.02, -0.03], [-12.6, -13.4, -13.5]) is None
+        True
+    """
+    if len(common_modes) != len(centered):
+        raise ValueError(f"{len(common_modes)} common modes but {len(centered)} G values")
+    if len(common_modes) < 2:
+        return None
+    moved = common_modes[-1] - common_modes[0]
+    if abs(moved) <= abs(centered[-1]):
+        return None
+    return (
+        f"the common mode of the source energies moved {common_modes[0]:.1f} -> "
+        f"{common_modes[-1]:.1f} over {len(common_modes) - 1} {unit}, more than the shape part "
+        f"of the source free energy, G = F - mean_y E ({centered[-1]:.1f}): no supervised loss "
+        "anchors that level, so L_fea is lowering F by shifting all energies instead of aligning "
+        "the domains. Use train.alignment=centered (BENCHMARKS.md)."
     )
 
 
