@@ -9,7 +9,8 @@ records, on a fixed random subset of the source and the target (test view, ``eva
 
 * the mean and spread of ``m``, ``G`` and ``F`` per domain, and quantiles (5/25/50/75/95 %) of
   ``F`` and ``G`` (the histograms over epochs), the mean per-sample spread of the shape
-  (``std_y`` of ``E - m``) and the target accuracy of the subset;
+  (``std_y`` of ``E - m``), the target accuracy of the subset and the share of each predicted
+  class on the target (a collapse onto few classes shows there);
 * the energy head's common-mode parameters: the mean row ``w_bar`` (norm) and mean bias
   ``b_bar`` of the last linear layer (``m(x) = w_bar . h(x) + b_bar``);
 * gradient norms, on a fixed batch, of each loss term: ``NLL(source)`` and ``gamma * L_fea``
@@ -135,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             "target_accuracy_subset": float(
                 100 * (et.argmin(1) == task.target.y[idx_t]).float().mean()
             ),
+            "target_predicted_class_shares": [
+                round(float(v), 4)
+                for v in torch.bincount(et.argmin(1), minlength=et.shape[1]).float() / len(et)
+            ],
             "source": domain_stats(es),
             "target": domain_stats(et),
             "head_w_bar_norm": float(head.weight.detach().mean(0).norm()),

@@ -162,6 +162,10 @@ class TrainConfig(_Strict):
     definition); the shorter stream restarts with a new shuffle. ``batch_size`` is per process:
     under ``torchrun`` with ``W`` processes a step sees ``W x batch_size`` samples a stream.
 
+    ``alignment``: ``centered`` (default) compares the shift-invariant free energy
+    ``G = F - mean_y E`` of the target with the source's running mean of ``G``; ``paper`` the
+    free energy ``F`` itself (paper Eq. 7), see :func:`eada.energy.centered_free_energy`.
+
     ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``
     one pass over the concatenated batches with per-stream batch norm (same maths, see
     :mod:`eada.train.forward`). ``amp``: bfloat16 autocast on CUDA. ``channels_last``: the
@@ -181,9 +185,10 @@ class TrainConfig(_Strict):
     amp: bool = True  # bfloat16 autocast of the forward passes, on CUDA only
     forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
     channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
-    # which free energy L_fea and Delta use: the paper's F, or the shift-invariant F - mean_y E
-    # (eada.energy.ALIGNMENTS / centered_free_energy)
-    alignment: Literal["paper", "centered"] = "paper"
+    # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): the shift-invariant
+    # G = F - mean_y E by default, or the paper's F (configs that reproduce the paper pin it);
+    # BENCHMARKS.md "Alignment: paper vs centered"
+    alignment: Literal["paper", "centered"] = "centered"
 
 
 class ActiveConfig(_Strict):
