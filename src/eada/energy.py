@@ -32,7 +32,6 @@ __all__ = [
     "alignment_free_energy",
     "alignment_runaway",
     "centered_free_energy",
-    "common_mode_drift",
     "energy_from_logits",
     "energy_nll",
     "free_energy",
@@ -339,56 +338,6 @@ def alignment_runaway(
         f"{span} {unit}: L_fea is scaling all energies up instead of aligning the domains. "
         "Lower train.gamma (on MNIST->MNIST-M, 0.01 ran away under Adam and 0.001 trained "
         "stably; BENCHMARKS.md)."
-    )
-
-
-def common_mode_drift(
-    common_modes: list[float], centered: list[float], unit: str = "epochs"
-) -> str | None:
-    """Detect the drift of the energies' common mode under the paper's ``L_fea`` (fast or slow).
-
-    ``F = mean_y E + G`` (:func:`centered_free_energy`). The NLL does not see the common mode
-    ``mean_y E``, so under ``alignment="paper"`` only ``L_fea`` moves it: every step pushes it
-    down with a gradient of ``gamma`` per active target sample and nothing pushes back, so
-    ``Delta`` follows it down and the hinge is never met. Measured on MNIST->MNIST-M (LeNet,
-    Adam, seed 0; ``benchmarks/results/alignment/diagnosis``): the source common mode went
-    -1.6, -7.5, -27.7, -127.6 over epochs 1-4 while the source ``G`` went -11.4, -36.0, -52.0,
-    -100.0; on Office-31 frozen Lite0 (where ``L_fea`` helps) it stayed within 0.05 of 0 for 50
-    epochs while ``G`` sat near -13.
-
-    The rule is scale-free: warn once the common mode has moved, since the first logged entry,
-    by more than the magnitude of the mean source ``G`` (the part of ``F`` the NLL trains), i.e.
-    when most of ``Delta`` is a level no supervised term anchors. It does not depend on the
-    speed of the drift, so a slow one (Adadelta) is caught when it gets that far.
-
-    Args:
-        common_modes: mean ``mean_y E(x_s, y)`` over each epoch's (window's) source batches.
-        centered: mean ``G(x_s)`` of the same epochs.
-        unit: what one entry covers, for the message.
-
-    Returns:
-        a message naming the values, or ``None``.
-
-    Example:
-        >>> common_mode_drift([-1.6, -7.5, -27.7, -127.6], [-11.4, -36.0, -52.0, -100.0])
-        ... # doctest: +ELLIPSIS
-        'the common mode of the source energies moved -1.6 -> -127.6 over 3 epochs, more ...'
-        >>> common_mode_drift([-0.01, 0.02, -0.03], [-12.6, -13.4, -13.5]) is None
-        True
-    """
-    if len(common_modes) != len(centered):
-        raise ValueError(f"{len(common_modes)} common modes but {len(centered)} G values")
-    if len(common_modes) < 2:
-        return None
-    moved = common_modes[-1] - common_modes[0]
-    if abs(moved) <= abs(centered[-1]):
-        return None
-    return (
-        f"the common mode of the source energies moved {common_modes[0]:.1f} -> "
-        f"{common_modes[-1]:.1f} over {len(common_modes) - 1} {unit}, more than the shape part "
-        f"of the source free energy, G = F - mean_y E ({centered[-1]:.1f}): no supervised loss "
-        "anchors that level, so L_fea is lowering F by shifting all energies instead of aligning "
-        "the domains. Use train.alignment=centered (BENCHMARKS.md)."
     )
 
 

@@ -299,11 +299,6 @@ class SegActiveTrainer:
             )
             loss = loss + t.gamma * loss_u
             out["loss_align"] = float(loss_u.detach())
-            if t.alignment == "paper":  # F = common mode + G; only L_fea moves the common mode
-                common = flatten_pixels(e_s.detach()).float().mean(1)
-                f_s = energy_ops.free_energy(flatten_pixels(e_s.detach()), t.tau)
-                out["source_common_mode"] = float(common.mean())
-                out["source_centered_free_energy"] = float((f_s - common).mean())
         if len(self.labeled_stream):
             xl, yl = self.labeled_stream.next()
             loss_l = pixel_nll(self.model(xl.to(dev)), yl.to(dev), t.tau)

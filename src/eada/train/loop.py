@@ -213,9 +213,7 @@ def record_alignment_runaway(
 ) -> str | None:
     """Look for the ``L_fea`` scale runaway (:func:`eada.energy.alignment_runaway`) in a
     trainer's log (records with ``delta`` and ``loss_align`` means, one per epoch or log
-    window; records without ``loss_align`` are skipped), and for the drift of the common mode
-    (:func:`eada.energy.common_mode_drift`) where records carry ``source_common_mode`` and
-    ``source_centered_free_energy`` (the paper's alignment). On the first find, append
+    window; records without ``loss_align`` are skipped). On the first find, append
     ``{"kind": "alignment_runaway", **at, "message": ...}`` to ``found`` and return the message.
     Returns ``None`` when there is none, or when ``found`` already has one (once per model).
     ``at`` says where it was found, e.g. ``{"epoch": 5}`` or ``{"iteration": 4000}``; ``unit``
@@ -226,13 +224,6 @@ def record_alignment_runaway(
     message = energy_ops.alignment_runaway(
         [h["delta"] for h in hist], [h["loss_align"] for h in hist], unit=unit
     )
-    drift = [h for h in hist if "source_common_mode" in h]  # logged under alignment "paper"
-    if message is None and drift:
-        message = energy_ops.common_mode_drift(
-            [h["source_common_mode"] for h in drift],
-            [h["source_centered_free_energy"] for h in drift],
-            unit=unit,
-        )
     if message is not None:
         found.append({"kind": "alignment_runaway", **at, "message": message})
     return message
@@ -412,10 +403,6 @@ class ActiveDATrainer:
             )
             loss = loss + t.gamma * loss_u
             out["loss_align"] = float(loss_u.detach())
-            if t.alignment == "paper":  # F = common mode + G; only L_fea moves the common mode
-                common = e_s.detach().float().mean(1)
-                out["source_common_mode"] = float(common.mean())
-                out["source_centered_free_energy"] = float((f_s - common).mean())
         if use_l:
             loss_l = energy_ops.energy_nll(energies[-1], yl.to(dev), tau=t.tau)
             loss = loss + t.delta_t * loss_l
@@ -446,8 +433,9 @@ class ActiveDATrainer:
         checkpoints, so the log spans every schedule a model is trained under, e.g. the
         segments of ``eada train``) and return the runaway message on its first find."""
         if "loss_align" in record:
-            keys = ("delta", "loss_align", "source_common_mode", "source_centered_free_energy")
-            self.alignment_log.append({k: record[k] for k in keys if k in record})
+            self.alignment_log.append(
+                {"delta": record["delta"], "loss_align": record["loss_align"]}
+            )
         return record_alignment_runaway(
             self.alignment_log, self.alignment_warnings, {"epoch": epoch}
         )
