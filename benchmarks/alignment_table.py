@@ -58,9 +58,7 @@ def _row(rec: dict[str, Any]) -> str | None:
     if m == "eada":
         if not var:
             return None
-        return {"train.alignment=paper": "eada_paper", "train.alignment=centered": "eada_centered"}[
-            var[0]
-        ]
+        return "eada_" + var[0].removeprefix("train.alignment=")
     return m if not var else None
 
 
@@ -131,13 +129,11 @@ def summarize(cells: dict[str, dict[str, dict[int, float]]]) -> dict[str, Any]:
         base = [b for b in BASELINES if b in stats]
         best = max(base, key=lambda b: stats[b]["mean"]) if base else None
         entry: dict[str, Any] = {"rows": stats, "best_baseline": best}
-        c, n, p = (stats.get(k) for k in ("eada_centered", "eada_no_fea", "eada_paper"))
-        if c and n:
-            entry["centered_minus_no_fea"] = c["mean"] - n["mean"]
-        if c and p:
-            entry["centered_minus_paper"] = c["mean"] - p["mean"]
-        if p and n:
-            entry["paper_minus_no_fea"] = p["mean"] - n["mean"]
+        n = stats.get("eada_no_fea")
+        for variant in ("paper", "centered", "balanced"):
+            v = stats.get(f"eada_{variant}")
+            if v and n:
+                entry[f"{variant}_minus_no_fea"] = v["mean"] - n["mean"]
         out[task] = entry
     return out
 
@@ -151,8 +147,10 @@ def markdown(summary: dict[str, Any]) -> str:
         "EADA w/o L_fea",
         "EADA paper",
         "EADA centered",
-        "centered - w/o L_fea",
+        "EADA balanced",
         "paper - w/o L_fea",
+        "centered - w/o L_fea",
+        "balanced - w/o L_fea",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
@@ -166,7 +164,7 @@ def markdown(summary: dict[str, Any]) -> str:
         rows = e["rows"]
         best = e["best_baseline"]
         best_cell = f"{cell(rows[best])} ({METHOD_LABELS[best]})" if best else "not run"
-        keys = ("centered_minus_no_fea", "paper_minus_no_fea")
+        keys = ("paper_minus_no_fea", "centered_minus_no_fea", "balanced_minus_no_fea")
         diff = [f"{e[k]:+.1f}" if k in e else "–" for k in keys]
         lines.append(
             "| "
@@ -178,6 +176,7 @@ def markdown(summary: dict[str, Any]) -> str:
                     cell(rows.get("eada_no_fea")),
                     cell(rows.get("eada_paper")),
                     cell(rows.get("eada_centered")),
+                    cell(rows.get("eada_balanced")),
                     *diff,
                 ]
             )

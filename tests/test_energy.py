@@ -16,6 +16,7 @@ from eada.energy import (
     DeltaEstimator,
     alignment_free_energy,
     alignment_runaway,
+    balanced_free_energy,
     centered_free_energy,
     energy_from_logits,
     energy_nll,
@@ -557,3 +558,15 @@ def test_alignment_gradients_paper_pushes_the_common_mode_centered_does_not() ->
 def test_alignment_free_energy_unknown_variant() -> None:
     with pytest.raises(ValueError, match="alignment must be one of paper, centered"):
         alignment_free_energy(E3, "shifted")
+
+
+def test_balanced_gradient_cannot_move_the_class_marginal_or_the_common_mode() -> None:
+    e = 3 * torch.randn(16, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    x = e.clone().requires_grad_(True)
+    free_energy_alignment_loss(x, delta=-2.0, reduction="sum", alignment="balanced").backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    assert torch.allclose(x.grad.sum(1), torch.zeros(16, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(x.grad.sum(0), torch.zeros(5, dtype=torch.float64), atol=1e-12)
+    shifted = e + torch.randn(1, 5, dtype=torch.float64) + torch.randn(16, 1, dtype=torch.float64)
+    assert torch.allclose(balanced_free_energy(shifted), balanced_free_energy(e))
+    assert (balanced_free_energy(e) <= -math.log(5) + 1e-12).all()

@@ -188,7 +188,7 @@ class TrainConfig(_Strict):
     # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): the shift-invariant
     # G = F - mean_y E by default, or the paper's F (configs that reproduce the paper pin it);
     # BENCHMARKS.md "Alignment: paper vs centered"
-    alignment: Literal["paper", "centered"] = "centered"
+    alignment: Literal["paper", "centered", "balanced"] = "centered"
 
 
 class ActiveConfig(_Strict):

@@ -31,6 +31,7 @@ __all__ = [
     "DeltaEstimator",
     "alignment_free_energy",
     "alignment_runaway",
+    "balanced_free_energy",
     "centered_free_energy",
     "energy_from_logits",
     "energy_nll",
@@ -100,19 +101,58 @@ def centered_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tens
     return free_energy(energies, tau) - energies.mean(dim=1)
 
 
-ALIGNMENTS = ("paper", "centered")
+def balanced_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """Centred free energy of a batch's energies taken relative to the batch's mean energy of
+    each class: ``B(x_i) = G(E(x_i, .) - mean_j E(x_j, .))`` (:func:`centered_free_energy`).
+
+    ``G`` fixes the per-sample common mode, but a loss that lowers ``G`` on unlabeled samples
+    still sharpens every sample towards the class the model already prefers, and lowering one
+    class's energy on all samples does that for all at once: the classes predicted most grow,
+    the others vanish (measured on Office-Caltech10 SURF webcam->Caltech10, BENCHMARKS.md). Taking
+    each class's energy relative to its batch mean removes that direction: the gradient of
+    ``sum_i B(x_i)`` is ``p~(y|x_i) - mean_j p~(y|x_j)`` (``p~`` = softmax of the recentred
+    energies), which sums to 0 over the classes of a sample AND over the samples of a class, so
+    the loss sharpens each sample relative to the batch but cannot move the batch's class
+    marginal. ``B <= -log(C) / tau`` like ``G``.
+
+    Args:
+        energies: ``(N, C)`` energies of one batch (``N >= 1``; with ``N = 1`` every sample
+            sits at the bound and the loss is flat).
+        tau: reverse temperature, ``> 0``.
+
+    Returns:
+        ``(N,)`` values.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0], [0.0, 3.0, 1.0]])
+        >>> centered_free_energy(E)  # both confident in class 0
+        tensor([-1.6823, -1.6823])
+        >>> balanced_free_energy(E)  # class 0 is every sample's choice: no evidence for it
+        tensor([-1.4076, -1.4076])
+        >>> balanced_free_energy(E + torch.tensor([5.0, 0.0, 0.0]))  # nor against it
+        tensor([-1.4076, -1.4076])
+    """
+    _check_energies(energies)
+    return centered_free_energy(energies - energies.mean(dim=0, keepdim=True), tau)
+
+
+ALIGNMENTS = ("paper", "centered", "balanced")
 """The alignment variants (``train.alignment``): which free energy ``L_fea`` and ``Delta`` use.
 
 * ``paper``: ``F`` (Eq. 5), as the paper and the authors' code;
-* ``centered``: ``G = F - mean_y E`` (:func:`centered_free_energy`), the shift-invariant part.
+* ``centered``: ``G = F - mean_y E`` (:func:`centered_free_energy`), the shift-invariant part;
+* ``balanced``: ``G`` of the energies taken relative to the batch's class means
+  (:func:`balanced_free_energy`): neither the common mode nor the class marginal can move.
 """
 
 
 def alignment_free_energy(
     energies: torch.Tensor, alignment: str = "paper", tau: float = 1.0
 ) -> torch.Tensor:
-    """The free energy the alignment loss compares: ``F`` (``"paper"``) or the centred ``G``
-    (``"centered"``); see :data:`ALIGNMENTS`.
+    """The free energy the alignment loss compares: ``F`` (``"paper"``), the centred ``G``
+    (``"centered"``) or ``G`` relative to the batch's class means (``"balanced"``); see
+    :data:`ALIGNMENTS`.
 
     Example:
         >>> import torch
@@ -124,6 +164,8 @@ def alignment_free_energy(
         return free_energy(energies, tau)
     if alignment == "centered":
         return centered_free_energy(energies, tau)
+    if alignment == "balanced":
+        return balanced_free_energy(energies, tau)
     raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
 
 

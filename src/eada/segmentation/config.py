@@ -158,7 +158,7 @@ class SegTrainConfig(_Strict):
     log_every: int = Field(100, ge=1)
     # the free energy of L_fea and Delta per pixel (eada.energy.ALIGNMENTS): the paper's F here,
     # since the centred variant (the classification default) is not measured on segmentation
-    alignment: Literal["paper", "centered"] = "paper"
+    alignment: Literal["paper", "centered", "balanced"] = "paper"
 
 
 Aggregation = Literal["mean", "top_k", "class_balanced"]
