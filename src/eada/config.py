@@ -162,9 +162,11 @@ class TrainConfig(_Strict):
     definition); the shorter stream restarts with a new shuffle. ``batch_size`` is per process:
     under ``torchrun`` with ``W`` processes a step sees ``W x batch_size`` samples a stream.
 
-    ``alignment``: ``centered`` (default) compares the shift-invariant free energy
-    ``G = F - mean_y E`` of the target with the source's running mean of ``G``; ``paper`` the
-    free energy ``F`` itself (paper Eq. 7), see :func:`eada.energy.centered_free_energy`.
+    ``alignment``: ``balanced`` (default) compares the shift-invariant free energy
+    ``G = F - mean_y E`` of the target energies taken relative to the batch's class means with
+    the source's running mean of the same quantity; ``centered`` uses ``G`` per sample;
+    ``paper`` the free energy ``F`` itself (paper Eq. 7). See
+    :func:`eada.energy.balanced_free_energy` and :func:`eada.energy.centered_free_energy`.
 
     ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``
     one pass over the concatenated batches with per-stream batch norm (same maths, see
@@ -185,10 +187,11 @@ class TrainConfig(_Strict):
     amp: bool = True  # bfloat16 autocast of the forward passes, on CUDA only
     forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
     channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
-    # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): the shift-invariant
-    # G = F - mean_y E by default, or the paper's F (configs that reproduce the paper pin it);
+    # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): G = F - mean_y E of the
+    # energies relative to the batch's class means by default ("balanced"), the per-sample G
+    # ("centered"), or the paper's F (configs that reproduce the paper pin it);
     # BENCHMARKS.md "Alignment: paper vs centered"
-    alignment: Literal["paper", "centered", "balanced"] = "centered"
+    alignment: Literal["paper", "centered", "balanced"] = "balanced"
 
 
 class ActiveConfig(_Strict):
