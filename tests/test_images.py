@@ -98,7 +98,9 @@ def _cfg(src: Path, tgt: Path, factory: str, tmp_path: Path, **model: object) ->
 def test_list_file_paths_with_spaces_and_class_names(tmp_path: Path) -> None:
     lst = tmp_path / "l.txt"
     lst.write_text("my cat/a b.jpg 0\n\n/abs/dog dir/c d.jpg 1\nmy cat/e.jpg 0\n")
-    il = read_image_list(lst)
+    with pytest.raises(ImageDataError, match=r"(?s)1 image path\(s\) outside .*line 3: /abs"):
+        read_image_list(lst)  # confined to the list's folder, like the project store
+    il = read_image_list(lst, allow_outside=True)
     assert [str(p) for p in il.paths] == [
         str(tmp_path / "my cat" / "a b.jpg"),
         "/abs/dog dir/c d.jpg",
@@ -106,7 +108,7 @@ def test_list_file_paths_with_spaces_and_class_names(tmp_path: Path) -> None:
     ]
     assert il.labels == [0, 1, 0]
     assert il.classes == ["my cat", "dog dir"]
-    il2 = read_image_list(lst, root="/data")
+    il2 = read_image_list(lst, root="/data", allow_outside=True)
     assert il2.paths[0] == Path("/data/my cat/a b.jpg")
 
 
@@ -124,7 +126,9 @@ def test_index_writes_list_class_map_and_checksums(domains: tuple[Path, Path], t
     out = tmp_path / "lists" / "src list.txt"
     il = index_folder(src, out)
     assert il.classes == sorted(CLASSES)
-    back = read_image_list(out)
+    with pytest.raises(ImageDataError, match="outside"):  # ../src dom/...: outside lists/
+        read_image_list(out)
+    back = read_image_list(out, allow_outside=True)
     assert back.classes == il.classes and back.labels == il.labels
     assert [p.resolve() for p in back.paths] == il.paths
     sums = Path(f"{out}.sha256").read_text().splitlines()

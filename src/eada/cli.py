@@ -72,6 +72,30 @@ def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
     return load_config(path, [*overrides, *args.set, f"seed={seed}"])
 
 
+def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
+    """``--dry-run``: count the target pool where the data is at hand (a list file's lines or
+    the in-memory domains: no image is decoded, nothing trained) and check the whole round plan
+    against it (e.g. a budget larger than the pool). Returns ``(pool size or None, why not)``."""
+    from types import SimpleNamespace
+
+    from eada.config import ImageListData
+    from eada.data.images import ImageDataError, load_image_list
+    from eada.data.tasks import load_task
+    from eada.train import ActiveDATrainer
+
+    try:
+        if isinstance(cfg.data, ImageListData):
+            d = cfg.data
+            target: Any = load_image_list(d.target, d.root, allow_outside=d.allow_outside_root)
+        else:
+            target = load_task(cfg.data, cfg.seed).target
+    except (OSError, ImageDataError) as err:
+        return None, f"data not at hand ({err}); the round plan is checked when it is"
+    task = SimpleNamespace(target=target)
+    ActiveDATrainer.make_plan(SimpleNamespace(cfg=cfg, task=task))  # type: ignore[arg-type]
+    return len(target), ""
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from eada.experiment import run_seeds
     from eada.runs import parse_seeds
@@ -100,7 +124,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             )
         else:
             console.print("no active rounds (no target labels)")
-        console.print("config valid; no data touched (--dry-run)")
+        n_pool, why = _dry_run_pool(cfg)  # the round plan against the real pool size
+        if n_pool is None:
+            console.print(f"config valid; no data touched (--dry-run): {why}")
+        else:
+            console.print(
+                f"config valid; the round plan fits the target pool ({n_pool} samples, counted "
+                "from the data; nothing decoded or trained) (--dry-run)"
+            )
         return 0
     out = Path(args.out) if args.out else Path("runs") / cfg.name.replace("/", "_")
     from eada import distributed
@@ -271,9 +302,15 @@ def main(argv: list[str] | None = None) -> int:
                 "under torchrun only `eada run` is distributed; run this command in one process"
             )
         code: Any = args.func(args)
-    except (ConfigError, ValueError, FileNotFoundError) as err:
-        err_console.print(f"[bold red]error:[/] {err}", highlight=False)
-        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # one clear line (exit 2), or a bug: traceback to a log (exit 1)
+        from eada.errors import report_error
+
+        def say(msg: str) -> None:
+            sys.stderr.write(msg + "\n")  # unwrapped: one line whatever the terminal
+
+        return report_error(err, say, argv, getattr(args, "store", None))
     return int(code)
 
 

@@ -20,7 +20,8 @@ from eada.strategies import STRATEGIES, check_params
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no NaN or infinite number in a config (optim.lr=inf would train to NaN, not fail)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def check_rounds(v: list[int], unit: str, lower: str) -> list[int]:
@@ -93,6 +94,7 @@ class ImageListData(_Strict):
     a list file (``path label`` a line) or a domain folder ``DOMAIN/[images/]CLASS/*.jpg``.
     ``root``: where relative list paths start (default: the list file's folder).
     ``skip_bad_images``: drop unreadable/missing images (recorded in the run) instead of failing.
+    ``allow_outside_root``: accept list paths that resolve outside ``root`` (default: error).
     ``cache_dir``: frozen-backbone feature cache."""
 
     kind: Literal["images"] = "images"
@@ -102,6 +104,7 @@ class ImageListData(_Strict):
     root: Path | None = None
     transforms: ImageTransforms = Field(default_factory=ImageTransforms)
     skip_bad_images: bool = False
+    allow_outside_root: bool = False
     workers: int = Field(2, ge=0)
     cache_dir: Path = Path(".cache/eada/features")
     extract_batch_size: int = Field(64, ge=1)

@@ -9,6 +9,7 @@ eada data check SOURCE TARGET [--root DIR] [--no-decode]
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -26,12 +27,20 @@ def _cmd_index(args: argparse.Namespace) -> int:
         f"{args.out}: {len(images)} images, {len(images.classes)} classes"
         + ("" if args.no_checksums else f"; checksums in {args.out}.sha256")
     )
+    base = Path(args.out).resolve().parent
+    if any(base not in Path(p).resolve().parents for p in images.paths[:1]):
+        Console().print(
+            f"note: the images lie outside {base}, the folder list paths are confined to: "
+            "read this list with --allow-outside-root (data.allow_outside_root: true), or "
+            "write it inside the data folder",
+            highlight=False,
+        )
     return 0
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    src = load_image_list(args.source, args.root)
-    tgt = load_image_list(args.target, args.root)
+    src = load_image_list(args.source, args.root, allow_outside=args.allow_outside_root)
+    tgt = load_image_list(args.target, args.root, allow_outside=args.allow_outside_root)
     report = check_pair(src, tgt, decode=not args.no_decode)
     Console().print(report.format(), highlight=False)
     return 0 if report.ok else 1
@@ -51,6 +60,11 @@ def add_data_commands(sub: Any) -> None:
     c.add_argument("target", help="target domain folder or list file")
     c.add_argument("--root", default=None, help="where relative list paths start")
     c.add_argument("--no-decode", action="store_true", help="check existence only (faster)")
+    c.add_argument(
+        "--allow-outside-root",
+        action="store_true",
+        help="accept list paths that resolve outside --root (default: an error)",
+    )
     c.set_defaults(func=_cmd_check)
 
 

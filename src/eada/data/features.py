@@ -36,21 +36,24 @@ LABEL_KEYS = ("labels", "label", "y", "Y", "gt", "targets")
 def _pick(keys: Sequence[str], wanted: str | None, candidates: Sequence[str], what: str) -> str:
     if wanted is not None:
         if wanted not in keys:
-            raise KeyError(f"no {what} named {wanted!r}; found: {', '.join(keys)}")
+            raise ValueError(f"no {what} named {wanted!r}; found: {', '.join(keys)}")
         return wanted
     for c in candidates:
         if c in keys:
             return c
-    raise KeyError(
+    raise ValueError(
         f"no {what} found (tried {', '.join(candidates)}); found: {', '.join(keys)}; "
         f"name it with {'features_key' if what == 'features' else 'labels_key'}"
     )
 
 
 def _read_labels_file(path: Path) -> np.ndarray:
-    if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False)
-    return np.loadtxt(path, dtype=np.int64, ndmin=1)
+    try:
+        if path.suffix == ".npy":
+            return np.load(path, allow_pickle=False)
+        return np.loadtxt(path, dtype=np.int64, ndmin=1)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"labels file {path}: {err}") from None
 
 
 def read_feature_file(
@@ -78,8 +81,44 @@ def read_feature_file(
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"feature file not found: {path}")
+    try:
+        x, y, fkey, lkey = _read_arrays(path, labels, features_key, labels_key)
+    except ValueError as err:
+        if str(err).startswith(str(path)):
+            raise
+        raise ValueError(f"{path}: {err}") from None
+    except Exception as err:  # numpy/scipy/pyarrow errors for a damaged file
+        raise ValueError(
+            f"{path}: cannot read the feature file ({type(err).__name__}: {err})"
+        ) from None
+    where_y = f"labels file {labels}" if labels is not None else f"{path}: labels {lkey!r}"
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == object):
+        raise ValueError(f"{path}: features {fkey!r} are {x.dtype} values, expected numbers")
+    try:
+        x = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: features {fkey!r} are not all numbers") from None
+    y = np.asarray(y).reshape(-1)
+    if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
+        raise ValueError(f"{where_y} are {y.dtype} values, expected integer class ids")
+    if x.ndim != 2:
+        raise ValueError(f"{path}: features must be a 2-D (N, D) matrix, got shape {x.shape}")
+    if len(y) != len(x):
+        raise ValueError(f"{path}: {len(x)} feature rows but {len(y)} labels")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{path}: features contain NaN or infinite values")
+    if not np.all(np.isfinite(y)) or not np.all(np.equal(np.mod(y, 1), 0)):
+        raise ValueError(f"{where_y} must be integers")
+    return x, y.astype(np.int64)
+
+
+def _read_arrays(
+    path: Path, labels: str | Path | None, features_key: str | None, labels_key: str | None
+) -> tuple[Any, Any, str, str]:
+    """Raw ``(features, labels, features key, labels key)`` of a feature file."""
     suffix = path.suffix.lower()
     y: Any = None
+    fkey, lkey = "array", "labels"
     if suffix == ".npy":
         x = np.load(path, allow_pickle=False)
         if labels is None:
@@ -92,9 +131,11 @@ def read_feature_file(
             from scipy.io import loadmat
 
             arrays = {k: v for k, v in loadmat(path).items() if not k.startswith("__")}
-        x = arrays[_pick(list(arrays), features_key, FEATURE_KEYS, "features")]
+        fkey = _pick(list(arrays), features_key, FEATURE_KEYS, "features")
+        x = arrays[fkey]
         if labels is None:
-            y = arrays[_pick(list(arrays), labels_key, LABEL_KEYS, "labels")]
+            lkey = _pick(list(arrays), labels_key, LABEL_KEYS, "labels")
+            y = arrays[lkey]
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -102,27 +143,31 @@ def read_feature_file(
         cols = table.column_names
         lab = None if labels is not None else _pick(cols, labels_key, LABEL_KEYS, "labels")
         if lab is not None:
-            y = table.column(lab).to_numpy()
+            lkey = lab
+            y = table.column(lab).to_numpy(zero_copy_only=False)
         if "features" in cols or features_key is not None:
-            fcol = features_key or "features"
+            fcol = _pick(cols, features_key or "features", FEATURE_KEYS, "features")
+            fkey = fcol
             x = np.stack(table.column(fcol).to_numpy(zero_copy_only=False))
         else:
+            import pyarrow.types as pat
+
+            bad = [
+                f"{c!r} ({table.schema.field(c).type})"
+                for c in cols
+                if c != lab
+                and not pat.is_integer(table.schema.field(c).type)
+                and not pat.is_floating(table.schema.field(c).type)
+            ]
+            if bad:
+                raise ValueError(f"feature columns must be numeric; not numeric: {', '.join(bad)}")
+            fkey = "numeric columns"
             x = np.stack([table.column(c).to_numpy() for c in cols if c != lab], axis=1)
     else:
         raise ValueError(f"{path}: unsupported feature file (use .npy, .npz, .mat or .parquet)")
     if labels is not None:
         y = _read_labels_file(Path(labels))
-    x = np.asarray(x, dtype=np.float32)
-    y = np.asarray(y).reshape(-1)
-    if x.ndim != 2:
-        raise ValueError(f"{path}: features must be a 2-D (N, D) matrix, got shape {x.shape}")
-    if len(y) != len(x):
-        raise ValueError(f"{path}: {len(x)} feature rows but {len(y)} labels")
-    if not np.all(np.isfinite(x)):
-        raise ValueError(f"{path}: features contain NaN or infinite values")
-    if not np.all(np.equal(np.mod(y, 1), 0)):
-        raise ValueError(f"{path}: labels must be integers")
-    return x, y.astype(np.int64)
+    return np.asarray(x), np.asarray(y), fkey, lkey
 
 
 Normalize = Literal["none", "l2", "zscore", "l1_zscore"]

@@ -65,11 +65,18 @@ def checked_image_lists(cfg: ImageListData) -> tuple[dict[str, ImageList], dict[
             domain, or (without ``skip_bad_images``) any missing/unreadable image -- each
             problem listed.
     """
-    lists = {"source": load_image_list(cfg.source, cfg.root)}
-    lists["target"] = load_image_list(cfg.target, cfg.root)
+    outside = cfg.allow_outside_root
+    lists = {"source": load_image_list(cfg.source, cfg.root, allow_outside=outside)}
+    lists["target"] = load_image_list(cfg.target, cfg.root, allow_outside=outside)
     if cfg.heldout is not None:
-        lists["heldout"] = load_image_list(cfg.heldout, cfg.root)
+        lists["heldout"] = load_image_list(cfg.heldout, cfg.root, allow_outside=outside)
     report = check_pair(lists["source"], lists["target"], decode=False)
+    src_classes = lists["source"].classes
+    for role in ("target", "heldout"):  # a target lacking source classes: the source's map
+        il = lists.get(role)
+        if il is not None and report.ok and il.classes != src_classes:
+            if set(il.classes) < set(src_classes):
+                lists[role] = il.with_classes(src_classes)
     if "heldout" in lists:
         check_domain(lists["heldout"], "heldout", report, decode=False)
         if lists["heldout"].classes != lists["target"].classes:

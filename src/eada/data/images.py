@@ -75,6 +75,16 @@ class ImageList:
             if not 0 <= y < n
         ]
 
+    def with_classes(self, classes: Sequence[str]) -> ImageList:
+        """The same images with labels renumbered to the class map ``classes`` (every name of
+        this list must be in it), e.g. a target that lacks some of the source's classes."""
+        ids = {c: i for i, c in enumerate(classes)}
+        missing = [c for c in self.classes if c not in ids]
+        if missing:
+            raise ImageDataError(f"{self.name}: classes {missing} are not in the class map")
+        new = [ids[self.classes[y]] for y in self.labels]
+        return ImageList(self.name, list(self.paths), new, list(classes))
+
     def drop(self, bad: set[Path]) -> ImageList:
         """A copy without the images in ``bad`` (same class map)."""
         keep = [i for i, p in enumerate(self.paths) if p not in bad]
@@ -91,7 +101,10 @@ def _class_header(line: str) -> tuple[int, str] | None:
 
 
 def read_image_list(
-    path: str | Path, root: str | Path | None = None, classes: Sequence[str] | None = None
+    path: str | Path,
+    root: str | Path | None = None,
+    classes: Sequence[str] | None = None,
+    allow_outside: bool = False,
 ) -> ImageList:
     """Read a ``path label`` list file.
 
@@ -100,10 +113,13 @@ def read_image_list(
         root: folder that relative image paths start from (default: the list file's folder).
         classes: class names by id; overrides the file's ``# class`` header and the names
             inferred from parent folders.
+        allow_outside: accept image paths that resolve (``..``, absolute paths, symlinks)
+            outside ``root``; by default they are errors, as in the project store.
 
     Raises:
         FileNotFoundError: no such list file.
-        ImageDataError: malformed lines (all of them listed), no images.
+        ImageDataError: malformed lines or paths outside ``root`` (all of them listed), no
+            images.
 
     >>> import tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -116,6 +132,8 @@ def read_image_list(
     if not path.is_file():
         raise FileNotFoundError(f"image list not found: {path}")
     base = Path(root) if root is not None else path.parent
+    real_base = os.path.realpath(base)
+    outside: list[str] = []
     paths: list[Path] = []
     labels: list[int] = []
     header: dict[int, str] = {}
@@ -134,10 +152,23 @@ def read_image_list(
             errors.append(f"line {n}: expected 'path label' (integer label last), got {raw!r}")
             continue
         p = Path(parts[0])
-        paths.append(p if p.is_absolute() else base / p)
+        full = p if p.is_absolute() else base / p
+        if not allow_outside:
+            real = os.path.realpath(full)
+            if os.path.commonpath([real, real_base]) != real_base:
+                outside.append(f"line {n}: {parts[0]} resolves to {real}")
+                continue
+        paths.append(full)
         labels.append(int(parts[1]))
     if errors:
         raise ImageDataError(f"{path}: {len(errors)} malformed line(s):\n  " + "\n  ".join(errors))
+    if outside:
+        raise ImageDataError(
+            f"{path}: {len(outside)} image path(s) outside {real_base} (pass "
+            "--allow-outside-root, or data.allow_outside_root: true, to allow them):\n  "
+            + "\n  ".join(outside[:20])
+            + (f"\n  ... and {len(outside) - 20} more" if len(outside) > 20 else "")
+        )
     if not paths:
         raise ImageDataError(f"{path}: no images listed")
     if classes is not None:
@@ -206,14 +237,17 @@ def scan_domain_folder(folder: str | Path, classes: Sequence[str] | None = None)
 
 
 def load_image_list(
-    spec: str | Path, root: str | Path | None = None, classes: Sequence[str] | None = None
+    spec: str | Path,
+    root: str | Path | None = None,
+    classes: Sequence[str] | None = None,
+    allow_outside: bool = False,
 ) -> ImageList:
     """A domain from a folder (:func:`scan_domain_folder`) or a list file
-    (:func:`read_image_list`)."""
+    (:func:`read_image_list`, paths confined to ``root`` unless ``allow_outside``)."""
     spec = Path(spec)
     if spec.is_dir():
         return scan_domain_folder(spec, classes)
-    return read_image_list(spec, root, classes)
+    return read_image_list(spec, root, classes, allow_outside)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
@@ -323,7 +357,8 @@ def check_domain(images: ImageList, role: str, report: CheckReport, decode: bool
 
 def check_pair(source: ImageList, target: ImageList, decode: bool = True) -> CheckReport:
     """Validate a source/target pair: every problem of both domains, plus class maps that
-    differ (names only in one domain, or the same names in another order)."""
+    differ (names only in the target, or the same names in another order). A target that
+    lacks some of the source's classes is a warning: runs use the source's class map."""
     report = CheckReport()
     check_domain(source, "source", report, decode)
     check_domain(target, "target", report, decode)
@@ -331,10 +366,15 @@ def check_pair(source: ImageList, target: ImageList, decode: bool = True) -> Che
     if s != t:
         only_s = [c for c in s if c not in t]
         only_t = [c for c in t if c not in s]
-        if only_s or only_t:
+        if only_t:
             report.errors.append(
                 "class names differ: only in source: "
                 f"{', '.join(only_s) or '-'}; only in target: {', '.join(only_t) or '-'}"
+            )
+        elif only_s:
+            report.warnings.append(
+                f"target lacks {len(only_s)} of the source's {len(s)} classes "
+                f"({', '.join(only_s)}): allowed; runs use the source's class map"
             )
         else:
             report.errors.append("source and target list the same classes in another order")

@@ -3,8 +3,11 @@ target split for evaluation."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from eada.config import DataConfig, DigitsData, FeatureData, ImageListData, ModelConfig, ToyData
 from eada.data.base import TensorDomain
@@ -44,6 +47,31 @@ class Task:
             )
         if self.heldout is not None and self.heldout.classes != self.target.classes:
             raise ValueError("held-out target classes differ from the target's")
+        self._note_missing_classes()
+
+    def _note_missing_classes(self) -> None:
+        """A target without samples of some classes is allowed (common in practice): warn
+        once and record the class names in ``notes["target_missing_classes"]`` (results)."""
+        if "target_missing_classes" in self.notes:
+            return
+        y = getattr(self.target, "y", None)
+        if y is None:
+            return
+        y = torch.as_tensor(y).long()
+        if len(y) == 0 or bool((y < 0).any()):  # unknown labels: nothing to say
+            return
+        counts = torch.bincount(y, minlength=self.target.num_classes)
+        missing = [self.target.classes[i] for i in range(len(counts)) if int(counts[i]) == 0]
+        self.notes["target_missing_classes"] = missing
+        if missing:
+            warnings.warn(
+                f"target {self.target.name!r} has no samples of {len(missing)} of the "
+                f"{self.target.num_classes} classes ({', '.join(missing[:10])}"
+                f"{' ...' if len(missing) > 10 else ''}): allowed; accuracy counts the classes "
+                "it has, and the run records them under data.target_missing_classes",
+                UserWarning,
+                stacklevel=2,
+            )
 
 
 def load_task(

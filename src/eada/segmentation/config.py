@@ -27,7 +27,8 @@ IMAGE_SCORES = ("free_energy", "mvsm")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # no NaN or infinite number in a config (optim.lr=inf would train to NaN, not fail)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 Size = tuple[Annotated[int, Field(ge=8)], Annotated[int, Field(ge=8)]]

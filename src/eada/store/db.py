@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import sqlite3
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,11 +106,116 @@ CREATE TABLE labels (
     import_id INTEGER REFERENCES imports (id)
 );
 CREATE INDEX labels_sample ON labels (sample_id);
+CREATE UNIQUE INDEX labels_one_first ON labels (sample_id) WHERE supersedes IS NULL;
 """
+# One first label a sample (and ``supersedes`` UNIQUE): a sample's labels form one chain, so
+# exactly one is in force whatever two writers do. Added on open to stores made before it.
+_ONE_FIRST_LABEL = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS labels_one_first ON labels (sample_id) "
+    "WHERE supersedes IS NULL"
+)
+BUSY_TIMEOUT_ENV = "EADA_BUSY_TIMEOUT"
+DEFAULT_BUSY_TIMEOUT = 30.0
+HOLDER_SUFFIX = ".writer"  # eada.sqlite.writer: who holds the write lock (pid, command, since)
 
 
 class StoreError(ValueError):
     """A store that cannot be used as asked (missing, already there, wrong version, bad data)."""
+
+
+class StoreBusyError(StoreError):
+    """Another process held the store's write lock longer than the busy timeout."""
+
+
+def busy_timeout() -> float:
+    """Seconds to wait for another process's write lock: ``$EADA_BUSY_TIMEOUT`` or 30.
+
+    Raises:
+        StoreError: ``$EADA_BUSY_TIMEOUT`` is not a number >= 0.
+    """
+    raw = os.environ.get(BUSY_TIMEOUT_ENV)
+    if raw is None:
+        return DEFAULT_BUSY_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise StoreError(f"{BUSY_TIMEOUT_ENV}={raw!r}: expected a number of seconds >= 0")
+    return value
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may write the store file and its folder (WAL needs both)."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def translate_sqlite_error(err: sqlite3.Error, folder: Path) -> StoreError | None:
+    """A :class:`StoreError` naming the store and what to do for an SQLite error a user can
+    cause (read-only store, disk full, corrupt file), or ``None`` for anything else."""
+    msg = str(err).lower()
+    if "readonly" in msg or "read-only" in msg:
+        return StoreError(
+            f"the project store {folder} is read-only ({err}): `eada status` and `eada export` "
+            "read it; give this user write permission on the folder to change it"
+        )
+    if "disk is full" in msg or "disk i/o error" in msg:
+        return StoreError(
+            f"could not write the project store {folder} ({err}): free disk space and retry; "
+            "the store keeps its last committed state"
+        )
+    if "not a database" in msg or "malformed" in msg or "file is encrypted" in msg:
+        return StoreError(
+            f"{folder / DB_NAME} is damaged or not an eada project store ({err}); restore it "
+            "from a backup"
+        )
+    if "locked" in msg or "busy" in msg:
+        return StoreBusyError(
+            f"the project store {folder} is locked by another process ({err}); retry when it "
+            f"has finished (or raise ${BUSY_TIMEOUT_ENV})"
+        )
+    return None
+
+
+def remove_stale_tmp(*folders: Path) -> list[Path]:
+    """Delete the temporary files (``.NAME.PID.tmp``) that killed processes left in ``folders``;
+    those of a live process stay (it may be writing them now).
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for f in folder.glob(".*.tmp"):
+            pid_text = f.name[: -len(".tmp")].rsplit(".", 1)[-1]
+            if pid_text.isdigit() and pid_alive(int(pid_text)):
+                continue
+            if not pid_text.isdigit() and time.time() - f.stat().st_mtime < 3600:
+                continue  # an older eada's name without a pid: only when clearly abandoned
+            try:
+                f.unlink()
+                removed.append(f)
+            except OSError:
+                pass
+    return removed
+
+
+def tmp_name(path: Path) -> Path:
+    """The temporary file a write of ``path`` goes through: ``.NAME.PID.tmp`` beside it."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
 def now() -> str:
@@ -133,9 +241,12 @@ class Store:
         '1'
     """
 
-    def __init__(self, folder: str | Path, create: bool = False) -> None:
+    def __init__(
+        self, folder: str | Path, create: bool = False, timeout: float | None = None
+    ) -> None:
         self.folder = Path(folder)
         self.path = self.folder / DB_NAME
+        self.timeout = busy_timeout() if timeout is None else float(timeout)
         if create:
             if self.path.exists():
                 raise StoreError(f"a project store already exists at {self.folder}")
@@ -144,16 +255,41 @@ class Store:
             raise StoreError(
                 f"no project store at {self.folder} (expected {self.path}); run `eada init` first"
             )
-        self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
-        self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.execute("PRAGMA foreign_keys=ON")
-        if create:
-            with self.transaction():
-                self._create_schema()
-        self._check_version()
-        (self.folder / "checkpoints").mkdir(exist_ok=True)
+        self.readonly = not create and not _writable(self.path)
+        try:
+            self.conn = self._connect()
+            if create:
+                with self.transaction():
+                    self._create_schema()
+            self._check_version()
+        except sqlite3.Error as err:
+            if getattr(self, "conn", None) is not None:
+                self.conn.close()
+            raise translate_sqlite_error(err, self.folder) or StoreError(
+                f"cannot open the project store {self.path}: {err}"
+            ) from None
+        if not self.readonly:
+            (self.folder / "checkpoints").mkdir(exist_ok=True)
+            remove_stale_tmp(self.folder / "checkpoints", self.folder / "exports")
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.readonly:  # `eada status` on a store this user may not write
+            uri = f"file:{self.path}?mode=ro"
+            try:
+                conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=self.timeout)
+                conn.execute("SELECT 1 FROM meta LIMIT 1")
+            except sqlite3.OperationalError:  # no -shm it may create: read the file as is
+                uri = f"file:{self.path}?mode=ro&immutable=1"
+                conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            return conn
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=self.timeout)
+        self.conn = conn
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        return conn
 
     def _create_schema(self) -> None:
         for stmt in _SCHEMA.split(";"):
@@ -169,12 +305,26 @@ class Store:
             raise StoreError(f"{self.path} is not an eada project store: {err}") from None
         if raw is None:
             raise StoreError(f"{self.path} has no schema version: not an eada project store")
-        version = int(raw)
+        try:
+            version = int(raw)
+        except ValueError:
+            raise StoreError(
+                f"{self.path}: schema_version {raw!r} in table meta is not an integer: the store "
+                "was edited or damaged; restore it from a backup"
+            ) from None
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"the store at {self.folder} was written by a newer eada (schema version "
                 f"{version}; this eada reads up to version {SCHEMA_VERSION}): upgrade eada"
             )
+        has_index = self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'labels_one_first'"
+        ).fetchone()
+        if has_index is None and not self.readonly:
+            try:
+                self.conn.execute(_ONE_FIRST_LABEL)
+            except sqlite3.Error:
+                pass  # a store that already holds two first labels: opened as it is
 
     def close(self) -> None:
         """Close the database connection."""
@@ -188,14 +338,84 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception."""
-        self.conn.execute("BEGIN IMMEDIATE")
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``; rolls back on any exception.
+
+        Waits up to :attr:`timeout` seconds for another process's write lock, then raises
+        :class:`StoreBusyError` naming the holder. SQLite errors a user can cause (read-only
+        store, disk full, damaged file) become a :class:`StoreError` naming the store.
+        """
+        self.check_writable()
+        self._begin()
         try:
             yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
+            self._release_holder()
+            self.conn.execute("COMMIT")
+        except BaseException as err:
+            self._release_holder()
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            if isinstance(err, sqlite3.DatabaseError) and not isinstance(
+                err, sqlite3.IntegrityError
+            ):
+                mapped = translate_sqlite_error(err, self.folder)
+                if mapped is not None:
+                    raise mapped from err
             raise
-        self.conn.execute("COMMIT")
+
+    def check_writable(self) -> None:
+        """Raise :class:`StoreError` when this process may not write the store."""
+        if self.readonly:
+            raise StoreError(
+                f"the project store {self.folder} is read-only for this user: `eada status` and "
+                "`eada export` read it; give write permission on the folder to change it"
+            )
+
+    @property
+    def holder_path(self) -> Path:
+        """``eada.sqlite.writer``: the process in a write transaction (pid, command, since)."""
+        return self.path.with_name(self.path.name + HOLDER_SUFFIX)
+
+    def _begin(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) and "busy" not in str(err):
+                raise translate_sqlite_error(err, self.folder) or err from None
+            raise StoreBusyError(
+                f"the project store {self.folder} is locked: {self.lock_holder()} has held its "
+                f"write lock for more than {time.monotonic() - t0:.0f} s. Nothing was changed; "
+                f"retry when it has finished, or set ${BUSY_TIMEOUT_ENV}=SECONDS to wait longer"
+            ) from None
+        if self.readonly:
+            return
+        try:  # written and removed only while this process holds the lock
+            self.holder_path.write_text(
+                json.dumps({"pid": os.getpid(), "command": " ".join(sys.argv), "since": now()})
+            )
+        except OSError:
+            pass  # only a courtesy for the busy message
+
+    def _release_holder(self) -> None:
+        if not self.readonly:
+            try:
+                self.holder_path.unlink()
+            except OSError:
+                pass
+
+    def lock_holder(self) -> str:
+        """Who holds the write lock, as far as the store can tell (for the busy message)."""
+        try:
+            info = json.loads(self.holder_path.read_text())
+            pid = int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            info, pid = None, 0
+        if info is not None and pid_alive(pid):
+            return f"process {pid} ({info.get('command', '?')}, since {info.get('since', '?')})"
+        return (
+            "a process outside eada (e.g. an sqlite3 shell, a backup or sync tool with "
+            f"{self.path.name} open)"
+        )
 
     # -- meta ---------------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:

@@ -14,6 +14,8 @@ from xml.sax.saxutils import quoteattr
 
 LS_FROM_NAME = "label"  # the <Choices name=...> of the Label Studio config we write
 LS_LOCAL_PREFIX = "/data/local-files/?d="
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")  # what spreadsheets run as a formula
+MAX_SAMPLE_ID = 2**63 - 1  # SQLite's INTEGER
 
 
 class ImportFileError(ValueError):
@@ -40,13 +42,36 @@ class LabelItem:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never partial)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never partial;
+    a failed write, e.g. a full disk, leaves ``path`` as it was and no temporary file)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def csv_safe(value: Any) -> Any:
+    """A CSV cell a spreadsheet will not run: text starting with ``=``, ``+``, ``-``, ``@``, a
+    tab or a carriage return gets a leading ``'`` (numbers stay as they are). Label imports
+    drop that quote again, so exported files round-trip.
+
+    >>> csv_safe("=HYPERLINK(\"http://x\")"), csv_safe("-1.5"), csv_safe(-1.5), csv_safe("cat")
+    ('\'=HYPERLINK("http://x")', "'-1.5", -1.5, 'cat')
+    """
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
+def _unquote(text: str) -> str:
+    """Undo :func:`csv_safe` on an imported cell."""
+    return text[1:] if text.startswith("'") and text[1:].startswith(FORMULA_PREFIXES) else text
 
 
 def _sample_id(value: Any, where: str) -> int | None:
@@ -54,14 +79,16 @@ def _sample_id(value: Any, where: str) -> int | None:
         return None
     if isinstance(value, bool):
         raise ImportFileError(f"{where}: sample_id {value!r} is not an integer")
-    if isinstance(value, int):
-        return value
     if isinstance(value, float) and value.is_integer():
-        return int(value)
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ImportFileError(f"{where}: sample_id {value!r} is not an integer") from None
+        value = int(value)
+    if not isinstance(value, int):
+        try:
+            value = int(str(value).strip())
+        except ValueError:
+            raise ImportFileError(f"{where}: sample_id {value!r} is not an integer") from None
+    if not 0 <= value <= MAX_SAMPLE_ID:
+        raise ImportFileError(f"{where}: sample_id {value} is out of range (no such sample)")
+    return value
 
 
 def _text(value: Any, where: str, field: str) -> str | None:
@@ -69,7 +96,7 @@ def _text(value: Any, where: str, field: str) -> str | None:
         return None
     if isinstance(value, (dict, list)):
         raise ImportFileError(f"{where}: {field} must be text, got {type(value).__name__}")
-    s = str(value).strip()
+    s = _unquote(str(value).strip())
     return s or None
 
 
@@ -134,7 +161,8 @@ def _read_label_studio(tasks: list[Any]) -> list[LabelItem]:
             for res in ann.get("result") or []:
                 if not isinstance(res, dict) or res.get("type") != "choices":
                     continue
-                choices = (res.get("value") or {}).get("choices")
+                value = res.get("value")
+                choices = value.get("choices") if isinstance(value, dict) else None
                 if not isinstance(choices, list) or len(choices) != 1:
                     raise ImportFileError(f"{where}: expected exactly one choice, got {choices!r}")
                 answers.append((str(choices[0]), _ls_annotator(ann)))
@@ -165,6 +193,8 @@ def read_json(text: str) -> tuple[str, list[LabelItem]]:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise ImportFileError(f"malformed JSON: {err}") from None
+    except RecursionError:
+        raise ImportFileError("JSON nested too deeply to be a label file") from None
     if isinstance(doc, dict) and "samples" in doc:
         doc, fmt = doc["samples"], "json"
     elif (
@@ -230,10 +260,10 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
                 r["sample_id"],
                 r["round"],
                 r["rank"],
-                r["domain"],
+                csv_safe(r["domain"]),
                 r["index"],
-                r["path"] or "",
-                r["predicted"],
+                csv_safe(r["path"] or ""),
+                csv_safe(r["predicted"]),
                 *[repr(float(r["scores"][k])) for k in score_names],
                 "",
                 "",

@@ -21,12 +21,14 @@ same labeled set as an uninterrupted run with the same seed (the same as ``eada 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 import sqlite3
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +48,11 @@ from eada.store.data import (
     resolved_config,
     row_hashes,
 )
-from eada.store.db import Store, StoreError, now
+from eada.store.db import Store, StoreError, now, tmp_name
 from eada.store.labelfiles import (
     ImportFileError,
     LabelItem,
+    csv_safe,
     export_rows_csv,
     label_studio_config,
     label_studio_tasks,
@@ -247,12 +250,7 @@ class Project:
     def _write_checkpoint(self, state: dict[str, Any], kind: str, epoch: int) -> tuple[str, str]:
         name = f"{kind}-e{epoch:04d}-{uuid.uuid4().hex[:10]}.pt"
         path = self.folder / "checkpoints" / name
-        tmp = path.with_name(f".{name}.tmp")
-        with open(tmp, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        save_atomic(state, path)
         return f"checkpoints/{name}", _file_sha256(path)
 
     def _record_checkpoint(
@@ -274,6 +272,15 @@ class Project:
         assert cur.lastrowid is not None
         return cur.lastrowid
 
+    @contextmanager
+    def _unused_if_failed(self, rel: str) -> Iterator[None]:
+        """Delete the checkpoint file ``rel`` when the transaction recording it fails."""
+        try:
+            yield
+        except BaseException:
+            (self.folder / rel).unlink(missing_ok=True)
+            raise
+
     def load_checkpoint(self, row: sqlite3.Row) -> dict[str, Any]:
         """A checkpoint's state, after checking its SHA-256 (``torch.load(weights_only=True)``)."""
         path = self.folder / row["path"]
@@ -281,8 +288,18 @@ class Project:
             raise StoreError(f"checkpoint {path} is missing")
         if _file_sha256(path) != row["sha256"]:
             raise StoreError(f"checkpoint {path} does not match its recorded SHA-256")
-        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # pickle payloads (refused by weights_only), truncated files
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise StoreError(
+                f"checkpoint {path} cannot be loaded as tensors ({type(err).__name__}: {first}); "
+                "it was not written by eada or is damaged, and nothing in it was run"
+            ) from None
         return state
+
+    def _n_label_rows(self) -> int:
+        return int(self.store.conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0])
 
     def _labels_tensor(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows = self.store.current_labels()
@@ -295,6 +312,7 @@ class Project:
         """Train with every label in force: from the last checkpoint up to the next round's
         epoch (or the end of the schedule), or ``epochs`` more epochs. An interrupted training
         segment continues from its last epoch checkpoint. Returns the segment's measurements."""
+        self.store.check_writable()
         ck = self.store.latest_checkpoint()
         e0 = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch" and epochs is None:
@@ -337,6 +355,16 @@ class Project:
                 "active": self.cfg.active.model_copy(update={"rounds_at": []}),
             }
         )
+        latest = self.store.latest_checkpoint()
+        expected = [None if latest is None else latest["id"]]  # what this segment builds on
+
+        def check_unchanged() -> None:  # inside the recording transaction
+            now_ck = self.store.latest_checkpoint()
+            if (None if now_ck is None else now_ck["id"]) != expected[0]:
+                raise StoreError(
+                    f"another process recorded checkpoint {now_ck['path'] if now_ck else None} "
+                    "while this training ran; this one records nothing more: see `eada status`"
+                )
 
         def checkpoint(event: str, tr: ActiveDATrainer, info: dict[str, Any]) -> None:
             if event != "epoch_end" or info["epoch"] == end - start:
@@ -344,8 +372,9 @@ class Project:
             epoch = start + info["epoch"]
             rel, sha = self._write_checkpoint(tr.state_dict(), "epoch", epoch)
             crash_point(f"epoch_end:{epoch}")
-            with self.store.transaction() as c:
-                self._record_checkpoint(
+            with self._unused_if_failed(rel), self.store.transaction() as c:
+                check_unchanged()
+                expected[0] = self._record_checkpoint(
                     c,
                     rel,
                     sha,
@@ -370,7 +399,8 @@ class Project:
         last = result.final["last_epoch"]
         rel, sha = self._write_checkpoint(trainer.state_dict(), "train", end)
         crash_point("train:before_commit")
-        with self.store.transaction() as c:
+        with self._unused_if_failed(rel), self.store.transaction() as c:
+            check_unchanged()
             self._record_checkpoint(
                 c,
                 rel,
@@ -397,6 +427,7 @@ class Project:
         record it (scores of the whole pool, selection, a checkpoint holding the advanced
         strategy random state) in one transaction, and export it. When the last round still
         awaits labels, nothing is selected: its batch is exported again."""
+        self.store.check_writable()
         rounds = self.store.rounds()
         if self.pending():
             last = rounds[-1]
@@ -428,6 +459,7 @@ class Project:
         trainer = ActiveDATrainer(self.cfg, self.task)
         if ck is not None:
             trainer.load_state_dict(self.load_checkpoint(ck), progress=False)
+        n_label_rows = self._n_label_rows()
         trainer.set_labels(*self._labels_tensor())
         prop = trainer.propose(budget)
         crash_point("query:scored")
@@ -457,7 +489,23 @@ class Project:
             for j, pos in enumerate(pool)
         ]
         rel, sha = self._write_checkpoint(trainer.state_dict(), "query", epoch)
-        with self.store.transaction() as c:
+        with self._unused_if_failed(rel), self.store.transaction() as c:
+            # the round number and what it was scored from are checked in the writing
+            # transaction: a concurrent `eada query` or `eada train` that committed meanwhile
+            # wins, this one records nothing (and its checkpoint file is deleted)
+            ck_now = self.store.latest_checkpoint()
+            if (
+                len(self.store.rounds()) + 1 != r
+                or (None if ck_now is None else ck_now["id"]) != (None if ck is None else ck["id"])
+                or self._n_label_rows() != n_label_rows
+            ):
+                raise StoreError(
+                    f"another process changed the project while this query scored (now: "
+                    f"{len(self.store.rounds())} round(s), {self._n_label_rows()} label rows, "
+                    f"latest checkpoint {None if ck_now is None else ck_now['path']}); "
+                    "nothing was recorded: "
+                    "see `eada status`, then run `eada query` again if a round is still due"
+                )
             self._set_mode(mode)
             ck_id = self._record_checkpoint(
                 c,
@@ -553,6 +601,7 @@ class Project:
         """Import a CSV/JSON/Label Studio label file: everything is validated first, then
         written in one transaction. A label differing from the one in force is a correction
         (a new row superseding the old); an identical one changes nothing."""
+        self.store.check_writable()
         if self.store.get_meta("mode") == "simulated":
             self._set_mode("human")  # raises: a simulated run takes no human labels
         path = Path(file)
@@ -639,37 +688,37 @@ class Project:
                 )
                 continue
             chosen[sample["id"]] = (it, k)
-        round_of: dict[int, int] = {}
-        if chosen:
-            q = ",".join("?" * len(chosen))
-            for row in conn.execute(
-                f"SELECT rs.sample_id, MAX(rs.round_id) AS round_id FROM round_samples rs "
-                f"WHERE rs.rank IS NOT NULL AND rs.sample_id IN ({q}) GROUP BY rs.sample_id",
-                list(chosen),
-            ):
-                round_of[row["sample_id"]] = row["round_id"]
         for sid, (it, _) in chosen.items():
-            if sid not in round_of and not allow_unqueried:
-                problems.append(
-                    f"{it.where}: sample {sid} was never queried (pass --allow-unqueried to "
-                    "label it anyway)"
-                )
             s = conn.execute("SELECT * FROM samples WHERE id = ?", (sid,)).fetchone()
             if s["path"] is not None:
                 problems += self._check_file(s, it.where)
         if problems:
             raise ImportValidationError(source_name, problems)
-        current = {r["sample_id"]: r for r in self.store.current_labels()}
         n_new = n_fix = n_same = 0
         stamp = now()
+        # Everything that another writer can change (rounds, the labels in force, the mode)
+        # is read inside the transaction that writes: a concurrent import waits for this one
+        # and sees its labels, so two labels are never in force for one sample.
         with self.store.transaction() as c:
-            self._set_mode(source)
-            cur = c.execute(
-                "INSERT INTO imports (file, sha256, format, n_new, n_corrections, n_unchanged, "
-                "created) VALUES (?, ?, ?, 0, 0, 0, ?)",
-                (source_name, sha, fmt, stamp),
-            )
-            import_id = cur.lastrowid
+            round_of: dict[int, int] = {}
+            if chosen:
+                q = ",".join("?" * len(chosen))
+                for row in c.execute(
+                    f"SELECT rs.sample_id, MAX(rs.round_id) AS round_id FROM round_samples rs "
+                    f"WHERE rs.rank IS NOT NULL AND rs.sample_id IN ({q}) GROUP BY rs.sample_id",
+                    list(chosen),
+                ):
+                    round_of[row["sample_id"]] = row["round_id"]
+            problems = [
+                f"{it.where}: sample {sid} was never queried (pass --allow-unqueried to "
+                "label it anyway)"
+                for sid, (it, _) in chosen.items()
+                if sid not in round_of and not allow_unqueried
+            ]
+            if problems:
+                raise ImportValidationError(source_name, problems)
+            current = {r["sample_id"]: r for r in self.store.current_labels()}
+            changes = []
             for sid, (it, k) in sorted(chosen.items()):
                 old = current.get(sid)
                 if old is not None and old["class_id"] == k:
@@ -679,24 +728,31 @@ class Project:
                     n_new += 1
                 else:
                     n_fix += 1
-                c.execute(
+                changes.append((sid, it, k, old))
+            if changes:  # a file that changes nothing (re-imported, header only) leaves no trace
+                self._set_mode(source)
+                cur = c.execute(
+                    "INSERT INTO imports (file, sha256, format, n_new, n_corrections, "
+                    "n_unchanged, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (source_name, sha, fmt, n_new, n_fix, n_same, stamp),
+                )
+                c.executemany(
                     "INSERT INTO labels (sample_id, class_id, annotator, created, round_id, "
                     "source, supersedes, import_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        sid,
-                        k,
-                        it.annotator or annotator,
-                        stamp,
-                        round_of.get(sid),
-                        source,
-                        None if old is None else old["id"],
-                        import_id,
-                    ),
+                    [
+                        (
+                            sid,
+                            k,
+                            it.annotator or annotator,
+                            stamp,
+                            round_of.get(sid),
+                            source,
+                            None if old is None else old["id"],
+                            cur.lastrowid,
+                        )
+                        for sid, it, k, old in changes
+                    ],
                 )
-            c.execute(
-                "UPDATE imports SET n_new = ?, n_corrections = ?, n_unchanged = ? WHERE id = ?",
-                (n_new, n_fix, n_same, import_id),
-            )
             crash_point("import:before_commit")
         return {
             "file": source_name,
@@ -806,6 +862,10 @@ class Project:
         import io
 
         out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise StoreError(f"--out {out} is an existing file; give a folder to export into")
+        ck = self.store.latest_checkpoint()
+        state = self.load_checkpoint(ck) if ck is not None else None  # refused: nothing written
         out.mkdir(parents=True, exist_ok=True)
         files: dict[str, str] = {}
         cols = [
@@ -833,15 +893,11 @@ class Project:
             w = csv.writer(buf, lineterminator="\n")
             w.writerow(cols)
             for row in self.store.conn.execute(query.format(where=where)):
-                w.writerow(["" if v is None else v for v in tuple(row)])
+                w.writerow(["" if v is None else csv_safe(v) for v in tuple(row)])
             write_atomic(out / name, buf.getvalue())
             files[name] = str(out / name)
-        ck = self.store.latest_checkpoint()
-        if ck is not None:
-            state = self.load_checkpoint(ck)
-            tmp = out / ".model.pt.tmp"
-            torch.save(state["model"], tmp)
-            os.replace(tmp, out / "model.pt")
+        if ck is not None and state is not None:
+            save_atomic(state["model"], out / "model.pt")
             meta = {
                 "config": resolved_config(self.cfg),
                 "classes": self.classes,
@@ -854,6 +910,31 @@ class Project:
             files["model.pt"] = str(out / "model.pt")
             files["model.json"] = str(out / "model.json")
         return files
+
+
+def save_atomic(obj: Any, path: Path) -> None:
+    """``torch.save`` through a temporary file (fsynced, then ``os.replace``): ``path`` is
+    whole or absent, and a failed write (disk full) leaves no temporary file behind.
+
+    Raises:
+        StoreError: the write failed for lack of space (or quota), naming ``path``.
+    """
+    tmp = tmp_name(path)
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(obj, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        crash_point("checkpoint:tmp_written")
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StoreError(
+                f"no space left on the device writing {path}: free disk space and retry; "
+                "nothing was recorded and no partial file was left"
+            ) from None
+        raise
 
 
 def _eada_version() -> str:
@@ -879,4 +960,5 @@ __all__ = [
     "Project",
     "crash_point",
     "init_project",
+    "save_atomic",
 ]
