@@ -238,7 +238,9 @@ def free_energy_alignment_loss(
         delta: the running source level of the same free energy (no gradient flows into it).
         tau: reverse temperature for the free energy.
         reduction: ``"mean"`` (the paper's expectation), ``"sum"`` or ``"none"``.
-        alignment: ``"paper"`` (``F``) or ``"centered"`` (``G``), see :data:`ALIGNMENTS`.
+        alignment: ``"paper"`` (``F``), ``"centered"`` (``G``) or ``"balanced"`` (``G`` relative
+            to the batch's class means: ``energies`` must then be one batch), see
+            :data:`ALIGNMENTS`.
 
     Example:
         >>> import torch
