@@ -11,7 +11,7 @@ and the new runs under ``benchmarks/results/alignment`` and writes
 * digits (3 tasks), Office-31 frozen Lite0 (2 tasks): Random, the baselines, ``eada``
   (which ran with the paper's alignment) and ``eada_no_fea`` from the committed grids
   ``bench_digits`` / ``bench_office31``; EADA centred from ``alignment/digits``,
-  ``alignment/office31``.
+  ``alignment/office31`` (digits seeds that ran in a second lane: ``alignment/digits_seed1``).
 
 A cell lists its seeds; one with fewer than 3 seeds is marked. Nothing is trained here.
 
@@ -73,16 +73,16 @@ def collect() -> dict[str, dict[str, dict[int, float]]]:
         if (row := _row(rec)) is not None:
             add("toy", row, rec["seed"], rec["final"]["target/accuracy"])
     committed = [
-        (R / "bench_digits" / "runs.jsonl", A / "digits" / "runs.jsonl"),
-        (R / "bench_office31" / "runs.jsonl", A / "office31" / "runs.jsonl"),
+        (R / "bench_digits" / "runs.jsonl", sorted(A.glob("digits*/runs.jsonl"))),
+        (R / "bench_office31" / "runs.jsonl", [A / "office31" / "runs.jsonl"]),
     ]
-    for old, new in committed:
+    for old, news in committed:
         for rec in _lines(old):
             if rec["variant"]:
                 continue
             row = "eada_paper" if rec["method"] == "eada" else rec["method"]
             add(_task_name(rec["task"]), row, rec["seed"], rec["final"]["target/accuracy"])
-        for rec in _lines(new):
+        for rec in (r for new in news for r in _lines(new)):
             if (row := _row(rec)) is not None:
                 add(_task_name(rec["task"]), row, rec["seed"], rec["final"]["target/accuracy"])
     surf_old = R / "caltech_surf.json"

@@ -193,7 +193,7 @@ class TrainConfig(_Strict):
     # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): G = F - mean_y E of the
     # energies relative to the batch's class means by default ("balanced"), the per-sample G
     # ("centered"), or the paper's F (configs that reproduce the paper pin it);
-    # BENCHMARKS.md "Alignment: paper vs centered"
+    # BENCHMARKS.md "Alignment variants"
     alignment: Literal["paper", "centered", "balanced"] = "balanced"
 
 
