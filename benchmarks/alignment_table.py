@@ -11,7 +11,8 @@ and the new runs under ``benchmarks/results/alignment`` and writes
 * digits (3 tasks), Office-31 frozen Lite0 (2 tasks): Random, the baselines, ``eada``
   (which ran with the paper's alignment) and ``eada_no_fea`` from the committed grids
   ``bench_digits`` / ``bench_office31``; EADA centred from ``alignment/digits``,
-  ``alignment/office31`` (digits seeds that ran in a second lane: ``alignment/digits_seed1``).
+  ``alignment/office31`` (digits seeds that ran in other lanes: ``alignment/digits_seed1``,
+  ``alignment/digits_seed2``).
 
 A cell lists its seeds; one with fewer than 3 seeds is marked. Nothing is trained here.
 
