@@ -6,7 +6,8 @@ BADGE's gradients and EADA's F/U behave as on real outputs); the training-compon
 (discriminator, committee, critic) are drawn too, and DBAL gets ``M = N`` source embeddings.
 The budget is one round of the paper's protocol: 1% of the pool.
 
-Every N runs in its own subprocess with 2 BLAS/OpenMP/torch threads that builds the pool once
+Every N runs in its own subprocess with ``--threads`` (default 1) BLAS/OpenMP/torch threads
+(the same for every strategy) that builds the pool once
 and measures every strategy in a forked child (its own peak RSS): the wall and CPU time
 (``time.process_time``, all threads; less sensitive to a shared machine) of the strategy call
 (medians of repeats for calls under 1 s), the peak RSS increase over the process's
@@ -15,8 +16,16 @@ scikit-learn), and, for calls under 5 s, the tracemalloc peak of a second call (
 allocations). A call that runs past ``--timeout`` is recorded as such. The machine's load
 average is recorded before and after each measurement (the machine may be shared).
 
-    python benchmarks/query_time.py [--sizes 10000,55388,200000] [--timeout 600]
-           [--out benchmarks/results/query_time.json]
+    python benchmarks/query_time.py [--sizes 10000,55388,200000] [--timeout 600] [--threads 1]
+           [--classes 12] [--out benchmarks/results/query_time.json]
+
+EADA is measured twice: ``eada`` from the stored scores F and U (what the trainer hands it),
+and ``eada_from_energies`` computing F and U from the ``(N, C)`` energies inside the timed call;
+every other strategy is compared with both. Two baselines that are not strategies:
+``one_read``, one pass over the energies (the row minimum), what any strategy that reads them
+must pay; ``eada_whole_matrix``, EADA from energies the former way (F and U each computed on
+the whole matrix at once, after an ``isfinite`` check of the whole matrix), side by side with
+the blockwise single pass of :class:`eada.strategies.PoolOutputs`.
 
 The Markdown table goes to stdout (pasted into BENCHMARKS.md).
 """
@@ -33,10 +42,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-C, D, THREADS = 12, 256, 2
+D = 256
+C = int(os.environ.get("EADA_QT_CLASSES", "12"))  # set by --classes for the worker
+THREADS = int(os.environ.get("EADA_QT_THREADS", "1"))  # set by --threads for the worker
 STRATEGIES = (
     "eada",
     "eada_from_energies",
+    "one_read",
+    "eada_whole_matrix",
     "random",
     "entropy",
     "margin",
@@ -100,6 +113,7 @@ def _measure_child(strategy: str, pool: Any, n: int, queue: Any) -> None:
     import numpy as np
     import torch
 
+    from eada import energy
     from eada.strategies import PoolOutputs, get_strategy
 
     torch.set_num_threads(THREADS)
@@ -107,11 +121,29 @@ def _measure_child(strategy: str, pool: Any, n: int, queue: Any) -> None:
     name = "eada" if strategy == "eada_from_energies" else strategy
 
     def make_input() -> PoolOutputs:
-        if strategy == "eada_from_energies":  # F and U computed inside the timed call
+        if strategy in ("eada_from_energies", "eada_whole_matrix"):  # F, U inside the call
             return PoolOutputs(energies=pool.energies, n_target=n)
         return pool
 
-    fn = get_strategy(name).fn
+    if strategy == "eada_whole_matrix":  # the former path: F, U on the whole matrix at once
+
+        def fn(inp: PoolOutputs, budget: int, rng: Any) -> Any:
+            e = torch.from_numpy(inp.energies)
+            if not np.isfinite(inp.energies).all():
+                raise ValueError("non-finite energies")
+            f = energy.free_energy(e).numpy()
+            u = energy.mvsm(e).numpy()
+            scores = PoolOutputs(free_energy=f, mvsm=u, n_target=n)
+            return get_strategy("eada").fn(scores, budget, rng)
+
+    elif strategy == "one_read":  # baseline: one pass over the (N, C) energies
+
+        def fn(inp: PoolOutputs, budget: int, rng: Any) -> Any:
+            low = inp.energies.min(axis=1)
+            return type("Sel", (), {"indices": np.argpartition(low, budget)[:budget]})()
+
+    else:
+        fn = get_strategy(name).fn
     base_rss = _rss_mb()
     times, cpu = [], []
     t_start = time.perf_counter()
@@ -188,11 +220,15 @@ def size_worker(n: int, strategies: list[str], timeout: float) -> list[dict[str,
     return out
 
 
-def measure_size(n: int, strategies: list[str], timeout: float) -> list[dict[str, Any]]:
-    """Run :func:`size_worker` in a fresh subprocess limited to 2 threads."""
+def measure_size(
+    n: int, strategies: list[str], timeout: float, threads: int, classes: int
+) -> list[dict[str, Any]]:
+    """Run :func:`size_worker` in a fresh subprocess limited to ``threads`` threads."""
     env = {
         **os.environ,
-        **{k: str(THREADS) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
+        **{k: str(threads) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")},
+        "EADA_QT_THREADS": str(threads),
+        "EADA_QT_CLASSES": str(classes),
     }
     cmd = [sys.executable, __file__, "--worker", ",".join(strategies), "--n", str(n)]
     cmd += ["--timeout", str(timeout)]
@@ -232,19 +268,22 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     lines.append("")
     for n in sizes:
-        e = by.get(("eada", n), {})
-        parts = []
-        for other in ("badge", "clue", "coreset", "dbal"):
-            r = by.get((other, n), {})
-            if "seconds" in e and "seconds" in r:
-                parts.append(
-                    f"{other} {r['cpu_seconds'] / max(e['cpu_seconds'], 1e-6):,.0f}x CPU "
-                    f"({r['seconds'] / e['seconds']:,.0f}x wall)"
+        for base, what in (("eada", "from scores"), ("eada_from_energies", "from energies")):
+            e = by.get((base, n), {})
+            parts = []
+            for other in ("badge", "clue", "coreset", "dbal"):
+                r = by.get((other, n), {})
+                if "seconds" in e and "seconds" in r:
+                    parts.append(
+                        f"{other} {r['cpu_seconds'] / max(e['cpu_seconds'], 1e-6):,.0f}x CPU "
+                        f"({r['seconds'] / e['seconds']:,.0f}x wall)"
+                    )
+                elif "seconds" in e and "timeout_s" in r:
+                    parts.append(f"{other} > {r['timeout_s'] / e['seconds']:,.0f}x wall (timeout)")
+            if parts:
+                lines.append(
+                    f"- N = {n:,}, EADA {what}: the time of " + ", ".join(parts) + " EADA's"
                 )
-            elif "seconds" in e and "timeout_s" in r:
-                parts.append(f"{other} > {r['timeout_s'] / e['seconds']:,.0f}x wall (timeout)")
-        if parts:
-            lines.append(f"- N = {n:,}: EADA's selection is faster than " + ", ".join(parts))
     return "\n".join(lines)
 
 
@@ -254,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="10000,55388,200000")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per measurement")
+    p.add_argument("--threads", type=int, default=1, help="threads of every measurement")
+    p.add_argument("--classes", type=int, default=12, help="C, the number of classes")
     p.add_argument("--out", default="benchmarks/results/query_time.json")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=None, help=argparse.SUPPRESS)
@@ -277,7 +318,13 @@ def main(argv: list[str] | None = None) -> int:
     strategies = [s for s in args.strategies.split(",") if s]
     results: dict[str, Any] = {
         "benchmark": "query_time",
-        "setup": {"C": C, "D": D, "threads": THREADS, "budget": "ceil(1% of N)", "M": "N"},
+        "setup": {
+            "C": args.classes,
+            "D": D,
+            "threads": args.threads,
+            "budget": "ceil(1% of N)",
+            "M": "N",
+        },
         "sizes": sizes,
         "strategies": strategies,
         "meta": environment_info(),
@@ -285,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.append and out.exists():
         old = json.loads(out.read_text())
+        if old["setup"] != results["setup"]:
+            raise SystemExit(f"{out} was measured with {old['setup']}; use another --out")
         results["measurements"] = old["measurements"]
         results["sizes"] = sorted(set(old["sizes"]) | set(sizes))
         results["strategies"] = list(dict.fromkeys([*old["strategies"], *strategies]))
@@ -293,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     for n in sizes:
         todo = [s for s in strategies if (s, n) not in have]
         if todo:
-            results["measurements"] += measure_size(n, todo, args.timeout)
+            results["measurements"] += measure_size(
+                n, todo, args.timeout, args.threads, args.classes
+            )
             write_json(out, results)  # finished sizes survive an interruption
     print(markdown(results))
     return 0

@@ -17,7 +17,7 @@ from eada import bench
 from eada.config import ConfigError
 from eada.runs import read_jsonl
 
-TINY = ["train.epochs=2", "active.rounds_at=[1,2]", "data.n_per_class=60"]
+TINY = ["train.epochs=2", "active.rounds_at=[1]", "data.n_per_class=60"]
 GRID_ARGS = ["toy", "--methods", "random,eada,entropy", "--seeds", "0-1"]
 
 

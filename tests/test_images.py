@@ -165,7 +165,7 @@ def test_bad_images_fail_before_training_unless_skipped(
     with pytest.raises(ImageDataError, match=r"(?s)2 image\(s\).*img 2.jpg.*img 3.jpg"):
         load_task(parse_config(raw).data)
     raw["data"]["skip_bad_images"] = True
-    raw["train"]["epochs"] = 1
+    raw["train"]["epochs"] = 2
     raw["active"]["rounds_at"] = [1]
     cfg = parse_config(raw)
     run = run_once(cfg, record_stats=False)

@@ -218,18 +218,21 @@ def test_report_cli(bench: Path, tmp_path: Path, capsys: pytest.CaptureFixture[s
     out = tmp_path / "cli.html"
     assert main(["report", str(bench / "toy" / "random"), "--out", str(out)]) == 0
     assert out.exists() and "report:" in capsys.readouterr().out
-    assert main(["report", str(tmp_path / "nothing")]) == 2
-    assert "not a folder" in capsys.readouterr().err
+    # the error is one line whatever the path length (a fresh clone in a deep folder)
+    missing = tmp_path.joinpath(*(["a-long-folder-name-" + "x" * 50] * 5), "nothing")
+    assert main(["report", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "not a folder" in err and str(missing) in err and err.count("\n") == 1
 
 
 def test_digits_run_report(digits_root: Path, tmp_path: Path) -> None:
     """One short digits run (USPS test split as the target, 2,000 MNIST images as the source,
-    one epoch and one round) to keep the test quick; the report reloads the target images."""
+    two epochs and one round) to keep the test quick; the report reloads the target images."""
     over = [
         f"data.root={digits_root}",
         "data.target_split=test",
         "data.heldout_split=null",
-        "train.epochs=1",
+        "train.epochs=2",
         "active.rounds_at=[1]",
         "active.budget_per_round=0.01",
     ]

@@ -117,9 +117,12 @@ def test_stage_sizes_reference_rule_office31_amazon() -> None:
 
 
 def test_stage_sizes_reference_rule_caps_at_pool() -> None:
-    # alpha1 * n_target = 1408.5 > pool = 1000: stage 1 keeps the whole pool
-    assert stage_sizes(1000, 29, 0.5, "reference", 2817, 0.01) == (1000, 20)  # ceil(1000 * 0.02)
-    assert stage_sizes(10, 1, 0.5, "reference", 2817, 0.01) == (10, 1)
+    # alpha1 * n_target = 1408.5 > pool = 1000: stage 1 keeps the whole pool; n2 comes from the
+    # uncapped n1 = 1409 (the authors' code): ceil(1409 * 0.02) = 29
+    assert stage_sizes(1000, 29, 0.5, "reference", 2817, 0.01) == (1000, 29)
+    assert stage_sizes(40, 1, 0.5, "reference", 2817, 0.01) == (40, 29)
+    with pytest.raises(BudgetTooLargeError):  # 29 from a pool of 10
+        stage_sizes(10, 1, 0.5, "reference", 2817, 0.01)
 
 
 def test_stage_sizes_reference_rule_needs_n_target() -> None:

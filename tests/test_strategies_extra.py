@@ -206,7 +206,7 @@ def test_training_components_run_inside_the_trainer(
         None,
         0,
         [
-            "train.epochs=2",
+            "train.epochs=3",
             "active.rounds_at=[1,2]",
             f"active.strategy={strategy}",
             "data.n_per_class=60",

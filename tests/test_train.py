@@ -157,13 +157,13 @@ def test_runaway_reaches_the_user_through_progress_or_python_warnings(monkeypatc
 
     monkeypatch.setattr(energy, "alignment_runaway", _fires_from(1))
     lines: list[str] = []
-    res = _trainer("eada", extra=["train.epochs=1", "active.rounds_at=[1]"]).run(lines.append)
+    res = _trainer("eada", extra=["train.epochs=2", "active.rounds_at=[1]"]).run(lines.append)
     msg = "Delta x after 1 epochs"
     assert lines.index(f"warning (epoch 1): {msg}") == 1  # right after the epoch's line
     assert res.warnings == [{"kind": "alignment_runaway", "epoch": 1, "message": msg}]
     assert res.to_dict()["warnings"] == res.warnings
     with pytest.warns(AlignmentRunawayWarning, match=f"epoch 1: {msg}"):
-        _trainer("eada", extra=["train.epochs=1", "active.rounds_at=[1]"]).run()
+        _trainer("eada", extra=["train.epochs=2", "active.rounds_at=[1]"]).run()
 
 
 def test_runaway_log_spans_checkpoints_and_warns_once_per_model(monkeypatch) -> None:

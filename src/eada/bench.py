@@ -16,9 +16,11 @@ per value, e.g. the alpha1/alpha2 grid of the paper's Table 3, gamma or delta_s.
 Each finished run appends ONE JSON line to ``OUT/runs.jsonl`` (fsynced; it names the code that
 ran it: git commit, eada/torch/numpy versions); a re-run skips the runs
 already there, so a grid killed half-way picks up where it stopped and, training being
-deterministic on a fixed seed, ends with the same accuracy table. A line whose config differs
-from the current grid's config for the same run is an error (stale results; use another
-``--out``). Tables (Markdown, LaTeX) are built from the lines only:
+deterministic on a fixed seed, ends with the same accuracy table. A run is known by its task's
+identity (a preset's name, a YAML file's resolved path: ``configs/x.yaml``, ``./configs/x.yaml``
+and its absolute path are one task), method, sweep variant and seed; a line whose config differs
+from the current grid's config for the same run is an error naming the keys (stale results; use
+another ``--out``). Tables (Markdown, LaTeX) are built from the lines only:
 
 * accuracy (paper Tables 1-2): methods x tasks, final target accuracy mean +- std over seeds,
   plus the mean over tasks;
@@ -45,7 +47,14 @@ import numpy as np
 import torch
 
 from eada.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_config
-from eada.runs import append_jsonl, environment_info, parse_seeds, read_jsonl, write_json
+from eada.runs import (
+    append_jsonl,
+    config_differences,
+    environment_info,
+    parse_seeds,
+    read_jsonl,
+    write_json,
+)
 
 REFERENCE_METHODS = {"target_supervised": "Fully supervised target"}
 
@@ -94,6 +103,21 @@ def variant_label(overrides: list[str]) -> str:
     return ", ".join(
         o.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in overrides
     )
+
+
+def task_id(task: str) -> str:
+    """A task's identity in the grid: a preset by its name, a YAML file by its resolved path
+    (relative to the current folder when inside it), so ``configs/x.yaml``,
+    ``./configs/x.yaml`` and ``/abs/.../configs/x.yaml`` are one task."""
+    from eada.hparams import PRESETS
+
+    if task in PRESETS:
+        return task
+    path = Path(task).resolve()
+    try:
+        return path.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 @dataclass(frozen=True)
@@ -155,8 +179,9 @@ def build_grid(
     """Every run of the grid, configs validated BEFORE any training. Order: task, seed, method,
     variant (a partial grid then has every method on the first seeds)."""
     variants = parse_sweeps(sweeps or [])
+    canonical = list(dict.fromkeys(task_id(t) for t in tasks))  # two spellings: one task
     runs = []
-    for task, seed, method, var in itertools.product(tasks, seeds, methods, variants):
+    for task, seed, method, var in itertools.product(canonical, seeds, methods, variants):
         cfg = make_config(task, method, seed, [*(overrides or []), *var], data_root)
         runs.append(GridRun(task, method, tuple(var), seed, cfg))
     return runs
@@ -195,21 +220,6 @@ class _TaskCache:
         return self.task
 
 
-def config_differences(
-    stored: dict[str, Any], current: dict[str, Any], where: str = ""
-) -> list[str]:
-    """``key: old -> new`` for every key present in BOTH resolved configs whose value differs
-    (keys added to the config schema since a run was stored do not count)."""
-    out = []
-    for k in stored.keys() & current.keys():
-        a, b, path = stored[k], current[k], f"{where}{k}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += config_differences(a, b, path + ".")
-        elif a != b:
-            out.append(f"{path}: {a!r} -> {b!r}")
-    return sorted(out)
-
-
 def run_record(
     run: GridRun, result: dict[str, Any], code: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -222,7 +232,7 @@ def run_record(
     last = res["final"]["last_epoch"]
     final = {
         f"{split}/{k}": last[split][k]
-        for split in ("target", "heldout")
+        for split in ("target", "target_unlabeled", "heldout")
         if split in last
         for k in ("accuracy", "mean_class_accuracy")
     }
@@ -279,6 +289,17 @@ def run_record(
     }
 
 
+def finished_runs(log: Path) -> dict[str, dict[str, Any]]:
+    """The lines of ``runs.jsonl`` by run key, a task written under another spelling (an older
+    line: ``./configs/x.yaml``) under its :func:`task_id`."""
+    done = {}
+    for r in read_jsonl(log):
+        task, method, variant, seed = json.loads(r["key"])
+        key = json.dumps([task_id(task), method, variant, seed])
+        done[key] = r if key == r["key"] else {**r, "key": key, "task": task_id(task)}
+    return done
+
+
 def run_grid(
     runs: list[GridRun],
     out: Path,
@@ -300,7 +321,7 @@ def run_grid(
 
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
-    done = {r["key"]: r for r in read_jsonl(log)}
+    done = finished_runs(log)
     for run in runs:
         rec = done.get(run.key)
         if rec is None or rec["config_sha"] == run.config_sha:
@@ -344,6 +365,13 @@ def task_label(task: str) -> str:
     """A task's column name: a preset as is, a YAML config by its file stem."""
     path = Path(task)
     return path.stem if path.suffix in (".yaml", ".yml") else task
+
+
+def task_labels(tasks: list[str]) -> dict[str, str]:
+    """Column names of ``tasks``: :func:`task_label`, or the whole task where two different
+    tasks would share a name (``a/x.yaml`` and ``b/x.yaml``), so a column never mixes tasks."""
+    short = [task_label(t) for t in tasks]
+    return {t: s if short.count(s) == 1 else t for t, s in zip(tasks, short, strict=True)}
 
 
 def _row_name(rec: dict[str, Any]) -> str:
@@ -424,7 +452,8 @@ def accuracy_table(
             text = f"**{text}**" if fmt == "md" else f"\\textbf{{{text}}}"
         return text
 
-    head = ["Method", *map(task_label, tasks), "Mean"]
+    labels = task_labels(tasks)
+    head = ["Method", *(labels[t] for t in tasks), "Mean"]
     body = []
     for m in rows:
         mean_cell = "-"
@@ -445,7 +474,7 @@ def sweep_table(records: list[dict[str, Any]], method: str, fmt: str = "md") -> 
     pm = "±" if fmt == "md" else "$\\pm$"
     body = []
     for t in tasks:
-        row = [task_label(t)]
+        row = [task_labels(tasks)[t]]
         for v in variants:
             vals = [
                 r["final"]["target/accuracy"]
@@ -470,7 +499,8 @@ def query_table(records: list[dict[str, Any]], fmt: str = "md") -> str:
         dict.fromkeys(r["strategy"] for r in records if r["strategy"] and not r["variant"])
     )
     head = ["Strategy", "Complexity (paper)", "Complexity (here)"]
-    head += [f"{task_label(t)} select / total (s)" for t in tasks]
+    labels = task_labels(tasks)
+    head += [f"{labels[t]} select / total (s)" for t in tasks]
     body = []
     for s in strategies:
         paper, here = COMPLEXITY.get(s, ("-", "-"))
@@ -530,6 +560,11 @@ def render_tables(records: list[dict[str, Any]], fmt: str = "md") -> str:
             f"Target accuracy (%), whole target set, final epoch, mean ± std over seeds {seeds}",
             accuracy_table(plain, "target/accuracy", fmt),
         )
+        if any("target_unlabeled/accuracy" in r["final"] for r in plain):
+            add(
+                "Target accuracy (%) on the target samples never labeled, final epoch",
+                accuracy_table(plain, "target_unlabeled/accuracy", fmt),
+            )
         if any("heldout/accuracy" in r["final"] for r in plain):
             add(
                 "Held-out target accuracy (%), final epoch",
@@ -610,7 +645,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.data_root,
         )
         if args.dry_run:
-            done = {r["key"] for r in read_jsonl(out / "runs.jsonl")}
+            done = set(finished_runs(out / "runs.jsonl"))
             for r in runs:
                 print(("done " if r.key in done else "todo ") + r.key)
             print(f"{len(runs)} runs, {sum(r.key in done for r in runs)} done; configs valid")

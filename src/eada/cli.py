@@ -9,7 +9,7 @@ eada bench TASKS --methods M,... --seeds 0-2 --out DIR   resumable grid + paper-
 eada config show PRESET [--method M]       print a preset as YAML, to edit and run
 eada data index FOLDER --out LIST.txt      list file + class map + checksums of an image folder
 eada data check SOURCE TARGET              validate a source/target image pair
-eada report RUN_DIR [--out FILE.html]      self-contained HTML report of a run or benchmark
+eada report RUN_DIR [--out FILE.html]      self-contained HTML report of a run, benchmark or project
 """
 
 from __future__ import annotations
@@ -70,6 +70,38 @@ def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
     else:
         overrides = []
     return load_config(path, [*overrides, *args.set, f"seed={seed}"])
+
+
+#: The accuracy columns of a run summary: key in ``results.json`` -> column name.
+SUMMARY_COLUMNS = {
+    "target/accuracy": "whole target (transductive)",
+    "target_unlabeled/accuracy": "never-labeled target",
+    "heldout/accuracy": "held-out split",
+}
+
+
+def summary_table(summary: dict[str, Any], title: str) -> Table:
+    """The per-round table of a multi-seed summary (:func:`eada.experiment.summarize_runs`):
+    labeled count and the accuracy (mean ± std) on the whole target set, on the target samples
+    not labeled (at that point; at the final row: never labeled) and on the held-out split;
+    ``-`` where a value was not measured (e.g. a round with no training after it)."""
+    fin = summary["final"]
+    splits = [k for k in SUMMARY_COLUMNS if f"last_epoch/{k}" in fin]
+
+    def cell(stats: dict[str, Any] | None) -> str:
+        return "-" if not stats else f"{stats['mean']:.2f} ± {stats['std']:.2f}"
+
+    table = Table(title=title)
+    table.add_column("round")
+    table.add_column("labeled")
+    for k in splits:
+        table.add_column(SUMMARY_COLUMNS[k], justify="right")
+    for row in summary["rounds"]:
+        table.add_row(
+            str(row["round"]), str(row["n_labeled"][0]), *[cell(row.get(k)) for k in splits]
+        )
+    table.add_row("final", "", *[cell(fin.get(f"last_epoch/{k}")) for k in splits])
+    return table
 
 
 def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
@@ -133,7 +165,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 "from the data; nothing decoded or trained) (--dry-run)"
             )
         return 0
-    out = Path(args.out) if args.out else Path("runs") / cfg.name.replace("/", "_")
+    default_out = cfg.name.replace("/", "_") + (f"_{args.method}" if args.method else "")
+    out = Path(args.out) if args.out else Path("runs") / default_out
     from eada import distributed
     from eada.train.logging import run_callbacks
 
@@ -152,33 +185,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         distributed.teardown()
     if not summary:  # a rank other than 0: rank 0 prints and writes
         return 0
-    table = Table(
-        title=f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {len(seeds)} seeds)"
-    )
-    table.add_column("round")
-    table.add_column("labeled")
-    splits = (
-        [k for k in ("target/accuracy", "heldout/accuracy") if k in summary["rounds"][0]]
-        if summary["rounds"]
-        else []
-    )
-    for k in splits:
-        table.add_column(k, justify="right")
-    for row in summary["rounds"]:
-        table.add_row(
-            str(row["round"]),
-            str(row["n_labeled"][0]),
-            *[f"{row[k]['mean']:.2f} ± {row[k]['std']:.2f}" for k in splits],
-        )
-    fin = summary["final"]
-    table.add_row(
-        "final",
-        "",
-        *[
-            f"{fin['last_epoch/' + k]['mean']:.2f} ± {fin['last_epoch/' + k]['std']:.2f}"
-            for k in splits
-        ],
-    )
+    title = f"{cfg.name} / {cfg.active.strategy}: accuracy % (mean ± std, {len(seeds)} seeds)"
+    table = summary_table(summary, title)
     console.print(table)
     from eada.data.commands import print_summary_extras
 
@@ -189,7 +197,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from eada.reports.html import build_report
+    from eada.reports.project import build_project_report, is_project
 
+    if is_project(Path(args.run_dir)):  # an annotation project store (eada init)
+        out = build_project_report(Path(args.run_dir), Path(args.out) if args.out else None)
+        console.print(f"report: {out}")
+        return 0
     out = build_report(
         Path(args.run_dir),
         Path(args.out) if args.out else None,
@@ -250,7 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set train.epochs=3 (repeatable)",
     )
-    r.add_argument("--out", default=None, help="output folder (default runs/<name>)")
+    r.add_argument(
+        "--out",
+        default=None,
+        help="output folder (default runs/<name>[_<method>]); a folder holding another config's "
+        "runs is refused",
+    )
     r.add_argument("--dry-run", action="store_true", help="validate and print the plan only")
     r.add_argument(
         "--tensorboard",
@@ -261,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("report", help="write a self-contained HTML report of a run folder")
-    rp.add_argument("run_dir", help="a folder of `eada run`, `eada demo` or a benchmark")
+    rp.add_argument(
+        "run_dir", help="a folder of `eada run`, `eada demo`, a benchmark or a project store"
+    )
     rp.add_argument("--out", default=None, help="HTML file (default RUN_DIR/report.html)")
     rp.add_argument("--figures", default=None, metavar="DIR", help="also save figures as PNG+SVG")
     rp.add_argument("--data-root", default=None, help="data set folder, to show queried images")

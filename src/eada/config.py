@@ -72,7 +72,8 @@ class DigitsData(_Strict):
 
 
 class ImageTransforms(_Strict):
-    """Image views (see :mod:`eada.data.transforms`); defaults = the paper's protocol."""
+    """Image views (see :mod:`eada.data.transforms`); defaults = the authors' views, except
+    ``unlabeled_view`` (the authors': ``random_crop``, used by the paper configs)."""
 
     resize: int = Field(256, ge=8)
     crop: int = Field(224, ge=8)
@@ -80,6 +81,9 @@ class ImageTransforms(_Strict):
     jitter: tuple[float, float, float, float] | None = (0.4, 0.4, 0.4, 0.1)
     hflip: bool = False
     scoring_view: Literal["random_crop", "test"] = "random_crop"
+    # the unlabeled-target training stream: ``train`` (the train view above) or ``random_crop``
+    # (shorter side to ``resize``, random crop, no jitter: the authors' code; paper configs)
+    unlabeled_view: Literal["train", "random_crop"] = "train"
     normalization: Literal["auto", "imagenet", "efficientnet_lite", "inception", "none"] = "auto"
 
     @model_validator(mode="after")
@@ -142,7 +146,9 @@ class ModelConfig(_Strict):
     hidden: list[int] = Field(default_factory=lambda: [256])
     # image backbones (name: backbone; see eada.models.backbones)
     backbone: str = "resnet50"
-    weights: str | None = "pretrained"  # pretrained | none | PATH to a local checkpoint
+    # pretrained (the library's default) | pretrained:NAME (a torchvision weights name, e.g.
+    # pretrained:IMAGENET1K_V1, the authors' ResNet-50) | none | PATH to a local checkpoint
+    weights: str | None = "pretrained"
     factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     bottleneck_dim: int | None = Field(None, ge=1)  # Linear -> BatchNorm1d before the head
     freeze_backbone: bool = False  # extract features once (cached), train the head only
@@ -173,8 +179,15 @@ class TrainConfig(_Strict):
 
     ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``
     one pass over the concatenated batches with per-stream batch norm (same maths, see
-    :mod:`eada.train.forward`). ``amp``: bfloat16 autocast on CUDA. ``channels_last``: the
-    channels-last memory format for convolutional models.
+    :mod:`eada.train.forward`). ``amp``: bfloat16 autocast on CUDA (the authors train in fp32:
+    paper configs set ``amp: false``). ``channels_last``: the channels-last memory format for
+    convolutional models.
+
+    ``loaders``: ``continuous`` (steps per epoch fixed from the initial pool; the streams run
+    on across epochs; every stream drops its last partial batch) or ``per_epoch`` (the authors'
+    code; paper configs): steps per epoch recomputed every epoch over the CURRENT unlabeled
+    pool, all three streams restart (new shuffle) at every epoch, and the labeled-target stream
+    keeps its last partial batch.
     """
 
     epochs: int = Field(10, ge=1)
@@ -190,6 +203,7 @@ class TrainConfig(_Strict):
     amp: bool = True  # bfloat16 autocast of the forward passes, on CUDA only
     forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
     channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
+    loaders: Literal["continuous", "per_epoch"] = "continuous"  # see the class docstring
     # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): G = F - mean_y E of the
     # energies relative to the batch's class means by default ("balanced"), the per-sample G
     # ("centered"), or the paper's F (configs that reproduce the paper pin it);
@@ -206,7 +220,8 @@ class ActiveConfig(_Strict):
     """
 
     strategy: str = "eada"
-    rounds_at: list[int] = Field(default_factory=lambda: [2, 4, 6, 8, 10])
+    # five rounds, each followed by training (train.epochs defaults to 10)
+    rounds_at: list[int] = Field(default_factory=lambda: [1, 3, 5, 7, 9])
     budget_per_round: int | float = 0.01
     alpha1: float = Field(0.5, gt=0, le=1)
     selection_rule: Literal["paper", "reference"] = "paper"
@@ -291,10 +306,17 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _rounds_within_epochs(self) -> ExperimentConfig:
-        if self.active.rounds_at and self.active.rounds_at[-1] > self.train.epochs:
+        rounds, epochs = self.active.rounds_at, self.train.epochs
+        if self.active.enabled and rounds[-1] >= epochs:
+            # a round selects at the END of its epoch: at (or after) the last epoch its labels
+            # would never be trained on
+            early = ",".join(str(r) for r in rounds if r < epochs)
+            fix = f"raise train.epochs (--set train.epochs={rounds[-1] + 1})"
+            if early:
+                fix += f" or drop the late rounds (--set active.rounds_at=[{early}])"
             raise ValueError(
-                f"active.rounds_at {self.active.rounds_at} goes past "
-                f"train.epochs={self.train.epochs}"
+                f"active.rounds_at {rounds} has a round at or after the last epoch "
+                f"(train.epochs={epochs}), whose labels would never be trained on: {fix}"
             )
         return self
 

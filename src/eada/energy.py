@@ -197,9 +197,11 @@ def energy_nll(
     """Energy negative log-likelihood (paper Eq. 6).
 
     ``L_nll(x, y) = E(x, y) + (1/tau) * log sum_c exp(-tau * E(x, c))``. At ``tau = 1`` this is
-    ``E(x, y) - F(x)``, i.e. exactly cross-entropy on ``-E``. For ``tau != 1`` the paper's
-    placement is used: ``E(x, y) - F_tau(x)`` (the authors' code has a second placement,
-    cross-entropy on ``-tau * E``; the two agree only at ``tau = 1``).
+    ``E(x, y) - F(x)``, i.e. exactly cross-entropy on ``-E``. For ``tau != 1`` this is
+    ``E(x, y) - F_tau(x)``, the paper's placement, and the authors' NLL is exactly this function
+    at any ``tau`` (it is NOT cross-entropy on ``-tau * E``). Their second temperature placement
+    is in the selection score, ``-tau * logsumexp(-E / tau)`` (see
+    :attr:`eada.train.ActiveDATrainer.selection_tau`); all agree at ``tau = 1``.
 
     Args:
         energies: ``(N, C)`` energies.

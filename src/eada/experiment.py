@@ -19,7 +19,9 @@ from eada.config import ExperimentConfig
 from eada.data.tasks import Task, load_task
 from eada.distributed import broadcast_object, rank_world
 from eada.runs import (
+    OtherConfigError,
     append_jsonl,
+    check_same_config,
     collect_warnings,
     environment_info,
     read_jsonl,
@@ -63,7 +65,8 @@ def run_once(
 def final_accuracy(
     run: dict[str, Any], split: str = "target", key: str = "accuracy", which: str = "last_epoch"
 ) -> float:
-    """A run's final accuracy (percent) on ``split`` (``target``/``heldout``)."""
+    """A run's final accuracy (percent) on ``split``: ``target`` (whole target set),
+    ``target_unlabeled`` (target samples never labeled) or ``heldout``."""
     return float(run["results"]["final"][which][split][key])
 
 
@@ -71,7 +74,13 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean +- std over seeds: final (last and best epoch) and after every round; the runs'
     training warnings, each with its seed."""
     out: dict[str, Any] = {"seeds": [r["seed"] for r in runs], "final": {}, "rounds": []}
-    splits = [s for s in ("target", "heldout") if s in runs[0]["results"]["final"]["last_epoch"]]
+    # target: the whole target set (transductive, as the paper); target_unlabeled: its samples
+    # not labeled (at the end: never labeled); heldout: the held-out split, where there is one
+    splits = [
+        s
+        for s in ("target", "target_unlabeled", "heldout")
+        if all(s in r["results"]["final"]["last_epoch"] for r in runs)
+    ]
     for which in ("last_epoch", "best_epoch"):
         for split in splits:
             for key in ("accuracy", "mean_class_accuracy"):
@@ -82,7 +91,11 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         recs = [r["results"]["rounds"][i] for r in runs]
         row: dict[str, Any] = {"round": i, "n_labeled": [x["n_labeled"] for x in recs]}
         for split in splits:
-            vals = [x["after_training"][split]["accuracy"] for x in recs if "after_training" in x]
+            vals = [
+                x["after_training"][split]["accuracy"]
+                for x in recs
+                if split in x.get("after_training", {})
+            ]
             if len(vals) == len(recs):
                 row[f"{split}/accuracy"] = {"values": vals, **summarize(vals)}
                 mca = [x["after_training"][split]["mean_class_accuracy"] for x in recs]
@@ -113,6 +126,8 @@ def run_seeds(
 ) -> dict[str, Any]:
     """Run ``make_config(seed)`` for every seed, appending each finished run to
     ``runs.jsonl``; seeds already there are not run again (resume after an interruption).
+    A folder whose runs were made with another config (any key but the seed) is refused with
+    :class:`~eada.runs.OtherConfigError` before any work, so results are never mixed.
     ``make_callbacks(seed)`` gives each run its trainer callbacks (progress bars, TensorBoard).
 
     Under ``torchrun`` every rank trains; rank 0 alone decides which seeds remain, writes the
@@ -121,11 +136,21 @@ def run_seeds(
     rank, world = rank_world()
     log = out_dir / "runs.jsonl"
     done: dict[int, Any] = {}
+    problem = None
     if rank == 0:  # under torchrun only rank 0 reads and writes the records
+        records = read_jsonl(log)
+        try:
+            check_same_config(records, configs[seeds[0]].resolved(), out_dir)
+        except OtherConfigError as err:
+            problem = str(err)
+    problem = broadcast_object(problem)  # every rank stops together
+    if problem is not None:
+        raise OtherConfigError(problem)
+    if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(out_dir / "config.json", configs[seeds[0]].resolved())
         write_json(out_dir / "meta.json", {**environment_info(), "world_size": world})
-        done = {r["seed"]: r for r in read_jsonl(log)}
+        done = {r["seed"]: r for r in records}
     todo = broadcast_object([s for s in seeds if s not in done])
     for seed in todo:
         if progress and rank == 0:

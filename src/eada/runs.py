@@ -144,6 +144,50 @@ def format_warning(w: dict[str, Any]) -> str:
     return f"warning ({where}): {w['message']}"
 
 
+class OtherConfigError(ValueError):
+    """A run folder already holds runs of another config (resuming there would mix results)."""
+
+
+def config_differences(
+    stored: dict[str, Any], current: dict[str, Any], where: str = ""
+) -> list[str]:
+    """``key: old -> new`` for every key present in BOTH resolved configs whose value differs
+    (keys added to the config schema since a run was stored do not count).
+
+    >>> config_differences({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}})
+    ['b.c: 2 -> 3']
+    """
+    out = []
+    for k in stored.keys() & current.keys():
+        a, b, path = stored[k], current[k], f"{where}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_differences(a, b, path + ".")
+        elif a != b:
+            out.append(f"{path}: {a!r} -> {b!r}")
+    return sorted(out)
+
+
+def check_same_config(records: list[dict[str, Any]], current: dict[str, Any], where: Path) -> None:
+    """Refuse to resume in a folder whose finished runs (``records``, each with its resolved
+    ``config``) were made with another config than ``current``: every key but the seed must
+    agree, so that a summary never mixes two configs' results.
+
+    Raises:
+        OtherConfigError: naming the folder, the seed of the first differing run and the keys
+            that differ (stored -> current).
+    """
+    mine = {k: v for k, v in current.items() if k != "seed"}
+    for rec in records:
+        stored = {k: v for k, v in rec.get("config", {}).items() if k != "seed"}
+        diff = config_differences(stored, mine)
+        if diff:
+            shown = "; ".join(diff[:8]) + (f"; ... ({len(diff)} keys)" if len(diff) > 8 else "")
+            raise OtherConfigError(
+                f"{where} holds runs of another config (seed {rec.get('seed')}: {shown}); "
+                "results would be mixed: use another --out (or remove that folder)"
+            )
+
+
 def parse_seeds(spec: str) -> list[int]:
     """``"0-4"`` -> [0..4]; ``"0,2,5"`` -> [0, 2, 5]; ``"3"`` -> [3]."""
     seeds: list[int] = []

@@ -9,6 +9,7 @@ once; all unreadable or missing images are reported together, and the run stops 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from eada.config import FeatureData, ImageListData, ModelConfig
@@ -103,13 +104,29 @@ def load_image_task(
     cfg: ImageListData, model: ModelConfig | None = None, device: str = "cpu"
 ) -> Task:
     """Image domains, or (``model.freeze_backbone``) cached backbone features of them."""
+    lists, skipped = checked_image_lists(cfg)
+    domains, notes = image_domains(cfg, model, lists, device)
+    notes = {"skipped_images": skipped, **notes}
+    return Task(domains["source"], domains["target"], domains.get("heldout"), notes)
+
+
+def image_domains(
+    cfg: ImageListData,
+    model: ModelConfig | None,
+    lists: dict[str, ImageList],
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The domain of every checked image list (``{role: ImageList}``): image datasets, or
+    (``model.freeze_backbone``) in-memory features extracted once and cached. ``progress``
+    gets a plain line before and after each domain's extraction, naming it. Returns the
+    domains by role and notes (feature cache hits/misses)."""
     import torch
 
     model = model if model is not None else ModelConfig(name="backbone")
-    lists, skipped = checked_image_lists(cfg)
     spec = transform_spec(cfg)
     norm = backbone_normalization(model, cfg.transforms.normalization)
-    notes: dict[str, Any] = {"skipped_images": skipped}
+    notes: dict[str, Any] = {}
     domains: dict[str, Any] = {}
     if model.freeze_backbone:
         from eada.models.backbones import build_backbone
@@ -126,16 +143,25 @@ def load_image_task(
         for role, il in lists.items():
             ds = ImageDomain(il, {"test": tfm}, (3, spec.crop, spec.crop), cfg.workers, "test")
             key = cache_key(model_id, bb.weights_id, tkey, il.paths)
+            what = f"{model_id} features of the {role} domain {il.name!r} ({len(il)} images)"
+            if progress is not None:
+                progress(f"{what} ...")
             feats, info = cached_features(
                 cfg.cache_dir, key, bb.module, ds, cfg.extract_batch_size, dev
             )
+            if progress is not None:
+                how = "read from the cache" if info["cache"] == "hit" else "extracted"
+                progress(f"{what}: {how} in {info['seconds']:.1f} s")
             notes["features"][role] = info
             domains[role] = TensorDomain(il.name, feats, ds.y, list(il.classes))
     else:
         views = {v: build_transform(v, spec, norm) for v in ("train", "test", "score")}
+        # the unlabeled-target training stream (data.transforms.unlabeled_view)
+        unl = cfg.transforms.unlabeled_view
+        views["unlabeled"] = views["train"] if unl == "train" else build_transform(unl, spec, norm)
         for role, il in lists.items():
             domains[role] = ImageDomain(il, views, (3, spec.crop, spec.crop), cfg.workers)
-    return Task(domains["source"], domains["target"], domains.get("heldout"), notes)
+    return domains, notes
 
 
 def load_feature_task(cfg: FeatureData) -> Task:

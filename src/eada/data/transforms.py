@@ -10,6 +10,10 @@ The authors' code (see ``../shared/docs/eada-reference.md``) uses three views of
   (256), random crop ``crop`` (224), no jitter. ``scoring_view: test`` scores on the test view
   instead (deterministic).
 
+The authors' code feeds the unlabeled-target training stream that same shorter-side + random
+crop view without jitter (``random_crop``; ``data.transforms.unlabeled_view: random_crop``, the
+paper configs); ``unlabeled_view: train`` feeds it the train view.
+
 Each view ends with ``ToTensor`` and the backbone's normalisation: ImageNet mean/std for
 torchvision/timm ResNets, ``(255 x - 127) / 128`` for EfficientNet-Lite.
 """
@@ -22,7 +26,7 @@ from typing import Any, Literal
 
 import torch
 
-View = Literal["train", "test", "score"]
+View = Literal["train", "test", "score", "random_crop"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,8 @@ class TransformSpec:
 def build_transform(
     view: View, spec: TransformSpec, norm: Normalization
 ) -> Callable[[Any], torch.Tensor]:
-    """The torchvision transform of ``view`` (``train``/``test``/``score``); PIL image -> tensor.
+    """The torchvision transform of ``view`` (``train``/``test``/``score``, or ``random_crop``:
+    shorter side to ``resize``, random crop, no jitter); PIL image -> tensor.
 
     >>> from PIL import Image
     >>> t = build_transform("test", TransformSpec(), normalization_for("resnet50"))
@@ -110,9 +115,9 @@ def build_transform(
                 *tail,
             ]
         )
-    if view == "score":
+    if view in ("score", "random_crop"):
         return T.Compose([T.Resize(spec.resize), T.RandomCrop(spec.crop), *tail])
-    raise ValueError(f"unknown view {view!r}; known: train, test, score")
+    raise ValueError(f"unknown view {view!r}; known: train, test, score, random_crop")
 
 
 def transform_key(view: View, spec: TransformSpec, norm: Normalization) -> str:

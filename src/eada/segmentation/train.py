@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Subset
 from eada import energy as energy_ops
 from eada.runs import (
     append_jsonl,
+    check_same_config,
     collect_warnings,
     environment_info,
     read_jsonl,
@@ -512,11 +513,13 @@ def _run_seg_seeds(
     out_dir: Path,
     progress: Callable[[str], None] | None,
 ) -> dict[str, Any]:
+    log = out_dir / "runs.jsonl"
+    records = read_jsonl(log)
+    check_same_config(records, configs[seeds[0]].resolved(), out_dir)  # never mix configs
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "config.json", configs[seeds[0]].resolved())
     write_json(out_dir / "meta.json", environment_info())
-    log = out_dir / "runs.jsonl"
-    done = {r["seed"]: r for r in read_jsonl(log)}
+    done = {r["seed"]: r for r in records}
     task = None
     for seed in seeds:
         if seed in done:

@@ -22,12 +22,13 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
-err_console = Console(stderr=True)
 DEFAULT_STORE = os.environ.get("EADA_STORE", "eada-project")
 
 
 def _log(msg: str) -> None:
-    err_console.print(msg, highlight=False)
+    """A progress line on stderr, plain and unwrapped (logs and CI read it whole)."""
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
 
 
 def _project(args: argparse.Namespace) -> Any:
@@ -37,18 +38,20 @@ def _project(args: argparse.Namespace) -> Any:
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    from eada.config import ConfigError, load_config
+    from eada.config import ConfigError
     from eada.hparams import preset_config
     from eada.store import init_project
     from eada.store.data import build_config
+    from eada.store.targets import StoreOptions, load_project_config
 
+    options = StoreOptions()
     given = [x for x in (args.preset, args.config, args.source_dir) if x]
     if len(given) != 1:
         raise ConfigError("give exactly one of --preset, --config, or --source-dir/--target-dir")
     if args.preset:
         cfg = preset_config(args.preset, args.method, args.seed, args.set)
     elif args.config:
-        cfg = load_config(args.config, [*args.set, f"seed={args.seed}"])
+        cfg, options = load_project_config(args.config, [*args.set, f"seed={args.seed}"])
     else:
         if not args.target_dir:
             raise ConfigError("--source-dir needs --target-dir")
@@ -59,8 +62,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "data": {
                 "kind": "folders",
-                "source": args.source_dir,
-                "target": args.target_dir,
+                "source": str(Path(args.source_dir).absolute()),
+                "target": str(Path(args.target_dir).absolute()),
                 "image_size": args.image_size,
             },
             "model": {"name": "lenet"},
@@ -69,11 +72,13 @@ def _cmd_init(args: argparse.Namespace) -> int:
             "active": {"strategy": "eada", "rounds_at": [1, 2, 3, 4, 5], "budget_per_round": 0.01},
         }
         cfg = build_config(apply_overrides(raw, args.set), "--source-dir/--target-dir project")
-    proj = init_project(args.store, cfg, [Path(r) for r in args.root])
+    roots = [Path(r) for r in args.root]
+    proj = init_project(args.store, cfg, roots, options, progress=_log)
     st = proj.status()
+    labeled = "labeled" if proj.target_labeled else "unlabeled"
     console.print(
         f"project {args.store}: {len(proj.store.samples('source'))} source and "
-        f"{st['n_target']} target samples, {len(proj.classes)} classes; "
+        f"{st['n_target']} {labeled} target samples, {len(proj.classes)} classes; "
         f"plan: {len(proj.plan())} rounds; next: eada train --store {args.store}"
     )
     return 0
@@ -86,6 +91,10 @@ def _cmd_query(args: argparse.Namespace) -> int:
     console.print(f"round {out['round']}: {out['selected']} samples {what}")
     for k, v in out["files"].items():
         console.print(f"  {k:<20} {v}")
+    if "json" in out["files"]:
+        doc = json.loads(Path(out["files"]["json"]).read_text())
+        root = doc.get("label_studio_document_root")
+        console.print(f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root}")
     return 0
 
 
@@ -108,10 +117,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         _print_status(st)
         return 0
     out = proj.train(epochs=args.epochs, progress=_log)
-    acc = out["metrics"]["target"]["accuracy"]
+    m = out["metrics"]
+    accs = [
+        f"{name} accuracy {m[key]['accuracy']:.2f}%"
+        for key, name in (("target", "target"), ("heldout", "held-out"))
+        if isinstance(m.get(key), dict)
+    ]
     console.print(
         f"trained epochs {out['from_epoch']}->{out['epoch']} with {out['n_labeled']} target "
-        f"labels: target accuracy {acc:.2f}%; next: {proj.next_action()}"
+        f"labels: {'; '.join(accs) or 'no labeled split to measure accuracy on'}; "
+        f"next: {proj.next_action()}"
     )
     return 0
 
@@ -140,6 +155,13 @@ def _print_status(st: dict[str, Any]) -> None:
             *[f"{e[k]:.2f}" if k in e else "-" for k in ("target_accuracy", "heldout_accuracy")],
         )
     console.print(h)
+    acc = st.get("accuracy") or {}
+    for key, name in (("heldout", "held-out"), ("target", "target"), ("queried", "queried")):
+        a = acc.get(key)
+        if a is not None:
+            console.print(f"{name} accuracy {a['accuracy']:.2f}% ({a['note']})")
+    if not any(acc.get(k) for k in ("heldout", "target", "queried")):
+        console.print("accuracy: nothing labeled to measure it on yet")
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

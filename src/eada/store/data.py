@@ -40,6 +40,7 @@ class FolderData(BaseModel):
 def build_config(raw: dict[str, Any], source: str = "project config") -> ExperimentConfig:
     """Validate a project config. Image-folder projects carry a :class:`FolderData` as ``data``
     (the trainer never reads ``cfg.data``; the store loads the domains itself)."""
+    raw = {k: v for k, v in raw.items() if k != "store"}  # the store's own section
     data = raw.get("data")
     if isinstance(data, dict) and data.get("kind") == "folders":
         folders = FolderData.model_validate(data)
@@ -115,23 +116,71 @@ def decode_image(path: Path, image_size: int, channels: int) -> np.ndarray:
 def load_folder(folder: Path, image_size: int, channels: int) -> tuple[TensorDomain, list[Path]]:
     """An image folder as a :class:`TensorDomain` plus the file path of every sample."""
     classes, items = list_images(folder)
-    arrays = [decode_image(p, image_size, channels) for p, _ in items]
+    paths = [p for p, _ in items]
+    return _decode_domain(folder.name, paths, [k for _, k in items], classes, image_size, channels)
+
+
+def _decode_domain(
+    name: str, paths: list[Path], labels: list[int], classes: list[str], *size: Any
+) -> tuple[TensorDomain, list[Path]]:
+    """Decoded images (``size``: a :class:`FolderData` or ``image_size, channels``)."""
+    image_size, channels = (size[0].image_size, size[0].channels) if len(size) == 1 else size
+    arrays = [decode_image(p, image_size, channels) for p in paths]
     x = torch.from_numpy(np.stack(arrays)).float().div_(255.0)
     x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
     x = ((x - 0.5) / 0.5).contiguous()
-    y = torch.tensor([k for _, k in items], dtype=torch.long)
-    return TensorDomain(folder.name, x, y, classes), [p for p, _ in items]
+    y = torch.tensor(labels, dtype=torch.long)
+    return TensorDomain(name, x, y, classes), paths
 
 
 def load_project_task(
     cfg: ExperimentConfig,
 ) -> tuple[Task, dict[str, list[Path] | None]]:
     """The project's domains and, for image folders, every sample's file path by role."""
+    task, paths, _ = load_project_data(cfg)
+    return task, paths
+
+
+def load_project_data(
+    cfg: ExperimentConfig, labeled: bool = True, progress: Any = None
+) -> tuple[Task, dict[str, list[Path] | None], Any]:
+    """The project's domains, every sample's file by role (image data) and the target's
+    user ids/paths (:class:`~eada.store.targets.SampleInfo`). ``labeled=False``: the target
+    carries no labels (see :mod:`eada.store.targets`)."""
+    task, paths, info = _load_project_data(cfg, labeled, progress)
+    if not labeled:  # placeholder labels: no class is known to be missing
+        task.notes["target_missing_classes"] = "unknown: the target is unlabeled"
+    return task, paths, info
+
+
+def _load_project_data(
+    cfg: ExperimentConfig, labeled: bool, progress: Any
+) -> tuple[Task, dict[str, list[Path] | None], Any]:
+    from eada.config import FeatureData, ImageListData
+    from eada.store.targets import (
+        SampleInfo,
+        load_store_features,
+        load_store_images,
+        unlabeled_images,
+    )
+
     data: Any = cfg.data
     if isinstance(data, FolderData):
         src, src_paths = load_folder(data.source, data.image_size, data.channels)
-        tgt, tgt_paths = load_folder(data.target, data.image_size, data.channels)
-        return Task(src, tgt), {"source": src_paths, "target": tgt_paths, "heldout": None}
+        if labeled:
+            tgt, tgt_paths = load_folder(data.target, data.image_size, data.channels)
+            info = SampleInfo()
+        else:
+            il, info = unlabeled_images(data.target, src.classes)
+            tgt, tgt_paths = _decode_domain(il.name, il.paths, il.labels, src.classes, data)
+        return Task(src, tgt), {"source": src_paths, "target": tgt_paths, "heldout": None}, info
+    if isinstance(data, ImageListData):
+        return load_store_images(data, cfg.model, labeled, cfg.device, progress)
+    if isinstance(data, FeatureData):
+        task, info = load_store_features(data, labeled)
+        return task, {"source": None, "target": None, "heldout": None}, info
+    if not labeled:
+        raise ValueError(f"data.kind {cfg.data.kind!r} has no unlabeled-target form")
     task = load_task(cfg.data, cfg.seed)
     for dom in (task.source, task.target, task.heldout):
         if dom is not None and not isinstance(dom, TensorDomain):
@@ -140,7 +189,7 @@ def load_project_task(
                 f"image folders (--source-dir/--target-dir); data.kind {cfg.data.kind!r} is not "
                 "supported yet"
             )
-    return task, {"source": None, "target": None, "heldout": None}
+    return task, {"source": None, "target": None, "heldout": None}, SampleInfo()
 
 
 def default_roots(cfg: ExperimentConfig) -> list[Path]:
@@ -148,6 +197,10 @@ def default_roots(cfg: ExperimentConfig) -> list[Path]:
     data: Any = cfg.data
     if isinstance(data, FolderData):
         return [data.target, data.source]  # relative import paths try the target first
+    if getattr(data, "kind", None) == "images":  # folders, or the folders of list files
+        specs = [data.target, data.source, data.heldout]
+        found = [Path(p) if Path(p).is_dir() else Path(p).parent for p in specs if p]
+        return found + ([Path(data.root)] if data.root is not None else [])
     root = getattr(data, "root", None)
     return [Path(root)] if root is not None else []
 
@@ -172,14 +225,19 @@ def confine(path: str | Path, roots: list[Path]) -> Path:
     candidates = [p] if p.is_absolute() else [r / p for r in resolved_roots]
     if not resolved_roots:
         raise ValueError(f"path {path!s}: this project registers no data roots (no file paths)")
-    for c in candidates:
+    not_files: list[Path] = []
+    for c in candidates:  # a relative path: the first root that holds the file wins
         r = c.resolve()
         inside = any(r == root or root in r.parents for root in resolved_roots)
         if not inside:
             continue
         if not r.is_file():
-            raise ValueError(f"path {path!s} resolves to {r}, which is not a file")
+            not_files.append(r)
+            continue
         return r
+    if not_files:
+        tried = ", ".join(str(r) for r in not_files)
+        raise ValueError(f"path {path!s} is not a file under any data root (tried {tried})")
     shown = ", ".join(str(r) for r in resolved_roots)
     where = candidates[0].resolve()
     raise ValueError(

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
 LS_FROM_NAME = "label"  # the <Choices name=...> of the Label Studio config we write
@@ -32,6 +33,8 @@ class LabelItem:
         sample_id: the store's sample id, or ``None`` when only ``path`` is given.
         path: a file path naming the sample (image projects), or ``None``.
         annotator: who labeled it (``None``: the importer's ``--annotator``).
+        external_id: the user's own id of the sample (given with an unlabeled target's file
+            list or feature file), used when neither ``sample_id`` nor ``path`` is given.
     """
 
     where: str
@@ -39,6 +42,7 @@ class LabelItem:
     sample_id: int | None = None
     path: str | None = None
     annotator: str | None = None
+    external_id: str | None = None
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -57,7 +61,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def csv_safe(value: Any) -> Any:
-    """A CSV cell a spreadsheet will not run: text starting with ``=``, ``+``, ``-``, ``@``, a
+    r"""A CSV cell a spreadsheet will not run: text starting with ``=``, ``+``, ``-``, ``@``, a
     tab or a carriage return gets a leading ``'`` (numbers stay as they are). Label imports
     drop that quote again, so exported files round-trip.
 
@@ -106,19 +110,23 @@ def _item(raw: dict[str, Any], where: str) -> LabelItem | None:
         return None  # not answered (yet)
     sid = _sample_id(raw.get("sample_id"), where)
     path = _text(raw.get("path"), where, "path")
-    if sid is None and path is None:
-        raise ImportFileError(f"{where}: needs a sample_id or a path")
-    return LabelItem(where, label, sid, path, _text(raw.get("annotator"), where, "annotator"))
+    ext = _text(raw.get("external_id"), where, "external_id")
+    if sid is None and path is None and ext is None:
+        raise ImportFileError(f"{where}: needs a sample_id, a path or an external_id")
+    annotator = _text(raw.get("annotator"), where, "annotator")
+    return LabelItem(where, label, sid, path, annotator, ext)
 
 
 def read_csv(text: str) -> list[LabelItem]:
-    """CSV with a header: ``label`` and ``sample_id`` and/or ``path``; optional ``annotator``.
+    """CSV with a header: ``label`` and ``sample_id``, ``path`` and/or ``external_id``;
+    optional ``annotator``.
     Other columns (scores, predictions) are ignored; rows with an empty label are skipped."""
     reader = csv.DictReader(io.StringIO(text, newline=""))
     fields = reader.fieldnames or []
-    if "label" not in fields or not ({"sample_id", "path"} & set(fields)):
+    if "label" not in fields or not ({"sample_id", "path", "external_id"} & set(fields)):
         raise ImportFileError(
-            f"CSV header must name a 'label' column and a 'sample_id' or 'path' column; "
+            "CSV header must name a 'label' column and a 'sample_id', 'path' or 'external_id' "
+            "column; "
             f"found {fields or 'no header'}"
         )
     items = []
@@ -251,19 +259,24 @@ def read_label_file(path: Path) -> tuple[str, list[LabelItem], bytes]:
 def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
     """The query batch as CSV, one sample a row, with an empty ``label`` column to fill."""
     buf = io.StringIO(newline="")
-    cols = ["sample_id", "round", "rank", "domain", "index", "path", "predicted", *score_names]
+    cols = ["sample_id", "external_id", "round", "rank", "domain", "index", "path"]
+    cols += ["external_path", "predicted", "score", *score_names]
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([*cols, "label", "annotator"])
     for r in rows:
+        score = r.get("score")
         w.writerow(
             [
                 r["sample_id"],
+                csv_safe(r.get("external_id") or ""),
                 r["round"],
                 r["rank"],
                 csv_safe(r["domain"]),
                 r["index"],
                 csv_safe(r["path"] or ""),
+                csv_safe(r.get("external_path") or ""),
                 csv_safe(r["predicted"]),
+                "" if score is None else repr(float(score)),
                 *[repr(float(r["scores"][k])) for k in score_names],
                 "",
                 "",
@@ -291,10 +304,14 @@ def label_studio_tasks(
                 ),
                 str(p),
             )
-            data["image"] = LS_LOCAL_PREFIX + rel
+            data["image"] = LS_LOCAL_PREFIX + quote(rel)  # relative to the document root
             data["path"] = r["path"]
         else:
-            data["text"] = f"{r['domain']} sample #{r['index']}"
+            shown = r.get("external_path") or r.get("external_id")
+            data["text"] = shown or f"{r['domain']} sample #{r['index']}"
+        for k in ("external_id", "external_path"):
+            if r.get(k):
+                data[k] = r[k]
         data.update({k: float(v) for k, v in r["scores"].items()})
         tasks.append(
             {
@@ -302,6 +319,7 @@ def label_studio_tasks(
                 "predictions": [
                     {
                         "model_version": f"eada-round-{round_number}",
+                        **({"score": float(r["score"])} if r.get("score") is not None else {}),
                         "result": [
                             {
                                 "from_name": LS_FROM_NAME,
@@ -326,3 +344,19 @@ def label_studio_config(classes: list[str], images: bool) -> str:
         f'<View>\n  {obj}\n  <Choices name="{LS_FROM_NAME}" toName="{to}" choice="single">\n'
         f"{choices}\n  </Choices>\n</View>\n"
     )
+
+
+def records_to_items(records: list[Any]) -> list[LabelItem]:
+    """Label items from in-memory records (dicts, e.g. a DataFrame's ``to_dict("records")``)
+    with ``label`` and ``sample_id`` and/or ``path``; missing values (``None``, NaN, empty)
+    count as absent, so rows without a label are skipped like empty CSV cells."""
+    items = []
+    for i, rec in enumerate(records, start=1):
+        where = f"record {i}"
+        if not isinstance(rec, dict):
+            raise ImportFileError(f"{where}: expected a mapping, got {type(rec).__name__}")
+        clean = {k: None if isinstance(v, float) and v != v else v for k, v in rec.items()}
+        item = _item(clean, where)
+        if item is not None:
+            items.append(item)
+    return items

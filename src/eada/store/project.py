@@ -44,11 +44,12 @@ from eada.store.data import (
     content_hash,
     decode_image,
     default_roots,
-    load_project_task,
+    load_project_data,
     resolved_config,
     row_hashes,
 )
 from eada.store.db import Store, StoreError, now, tmp_name
+from eada.store.exports import model_meta, write_predictions
 from eada.store.labelfiles import (
     ImportFileError,
     LabelItem,
@@ -57,7 +58,24 @@ from eada.store.labelfiles import (
     label_studio_config,
     label_studio_tasks,
     read_label_file,
+    records_to_items,
     write_atomic,
+)
+from eada.store.targets import (
+    StoreOptions,
+    absolute_config,
+    label_studio_root,
+    record_sample_info,
+)
+from eada.store.unlabeled import (
+    accuracy_summary,
+    external_ids,
+    hide_guessed_accuracy,
+    list_roots,
+    options_json,
+    predicted_scores,
+    resolve_target,
+    round_rows_extra,
 )
 from eada.train import ActiveDATrainer, SimulatedOracle
 
@@ -93,7 +111,11 @@ def _file_sha256(path: Path) -> str:
 
 
 def init_project(
-    folder: str | Path, cfg: ExperimentConfig, roots: list[Path] | None = None
+    folder: str | Path,
+    cfg: ExperimentConfig,
+    roots: list[Path] | None = None,
+    options: StoreOptions | None = None,
+    progress: Progress = None,
 ) -> Project:
     """Register a project: config, data roots, classes and every source/target/held-out sample
     (content hash; file path for image folders). Everything is loaded and validated (data
@@ -109,9 +131,12 @@ def init_project(
     folder = Path(folder)
     if (folder / "eada.sqlite").exists():
         raise StoreError(f"a project store already exists at {folder}")
-    task, paths = load_project_task(cfg)
+    cfg = absolute_config(cfg)  # later commands may run from another folder
+    options, labeled = resolve_target(cfg, options)
+    task, paths, info = load_project_data(cfg, labeled, progress)
     ActiveDATrainer(cfg, task)  # validates domains and the round plan before any write
     all_roots = [Path(r).resolve() for r in [*default_roots(cfg), *(roots or [])]]
+    all_roots += list_roots(paths, all_roots)
     for r in all_roots:
         if not r.is_dir():
             raise FileNotFoundError(f"data root not found: {r}")
@@ -123,13 +148,15 @@ def init_project(
         files = paths.get(role)
         if files is not None:
             for i, p in enumerate(files):
-                rp = confine(p, all_roots)
+                rp = confine(Path(p).absolute(), all_roots)  # relative to the working dir
                 rows.append((role, dom.name, i, str(rp), _file_sha256(rp)))
         else:
             rows += [(role, dom.name, i, None, h) for i, h in enumerate(row_hashes(dom))]
     store = Store(folder, create=True)
     with store.transaction() as c:
-        store.set_meta("config", json.dumps(resolved_config(cfg)))
+        store.set_meta(
+            "config", json.dumps({**resolved_config(cfg), "store": options_json(options)})
+        )
         store.set_meta("eada_version", _eada_version())
         c.executemany(
             "INSERT INTO roots (path) VALUES (?)", [(str(r),) for r in dict.fromkeys(all_roots)]
@@ -142,6 +169,7 @@ def init_project(
             "VALUES (?, ?, ?, ?, ?)",
             rows,
         )
+        record_sample_info(c, [r["id"] for r in store.samples("target")], info)
     return Project(folder, store=store, task=task)
 
 
@@ -157,7 +185,10 @@ class Project:
     def __init__(self, folder: str | Path, store: Store | None = None, task: Task | None = None):
         self.folder = Path(folder)
         self.store = store if store is not None else Store(self.folder)
-        self.cfg = build_config(self.store.get_json("config"), f"config in {self.folder}")
+        raw = self.store.get_json("config")
+        self.cfg = build_config(raw, f"config in {self.folder}")
+        self.options = StoreOptions.model_validate(raw.get("store") or {"target": "labeled"})
+        self.target_labeled = self.options.target != "unlabeled"
         self._task = task
         self.classes = self.store.classes()
 
@@ -170,7 +201,7 @@ class Project:
     def task(self) -> Task:
         """The project's domains, loaded once and checked against the registered hashes."""
         if self._task is None:
-            task, paths = load_project_task(self.cfg)
+            task, paths, _ = load_project_data(self.cfg, self.target_labeled)
             for role, dom in (("source", task.source), ("target", task.target)):
                 reg = self.store.samples(role)
                 if len(reg) != len(dom):
@@ -382,7 +413,7 @@ class Project:
                     epoch,
                     (start, end),
                     int(tr.labeled_mask.sum()),
-                    {"epoch": epoch, **info.get("metrics", {})},
+                    {"epoch": epoch, **self._measured(info.get("metrics", {}))},
                 )
 
         trainer = ActiveDATrainer(seg_cfg, self.task, callbacks=[checkpoint])
@@ -393,10 +424,10 @@ class Project:
 
         def prog(msg: str) -> None:
             if progress is not None:
-                progress(f"[epochs {start}->{end}] {msg}")
+                progress(f"[epochs {start}->{end}] {self._measured_line(msg)}")
 
         result = trainer.run(progress=prog)
-        last = result.final["last_epoch"]
+        last = self._measured(result.final["last_epoch"])
         rel, sha = self._write_checkpoint(trainer.state_dict(), "train", end)
         crash_point("train:before_commit")
         with self._unused_if_failed(rel), self.store.transaction() as c:
@@ -475,6 +506,7 @@ class Project:
             if arr.shape == (len(pool),):
                 scores[k] = arr
         pred = prop.outputs.get_predictions()
+        chosen_score = predicted_scores(trainer, prop)  # the predicted class's probability
         rows = [
             (
                 target_ids[pos],
@@ -482,6 +514,7 @@ class Project:
                 json.dumps(
                     {
                         "predicted": self.classes[int(pred[j])],
+                        **({"score": chosen_score[j]} if j in chosen_score else {}),
                         **{k: float(v[j]) for k, v in scores.items()},
                     }
                 ),
@@ -552,11 +585,14 @@ class Project:
         if rnd is None:
             raise StoreError(f"no round {number} in this project")
         rows = []
+        extra = round_rows_extra(self.store.conn)
         for s in self.store.selected(rnd["id"]):
             sc = json.loads(s["scores"])
             pred = sc.pop("predicted")
             rows.append(
                 {
+                    **extra.get(s["sample_id"], {}),
+                    "score": sc.pop("score", None),
                     "sample_id": s["sample_id"],
                     "round": number,
                     "rank": s["rank"] + 1,
@@ -585,8 +621,9 @@ class Project:
             "classes": self.classes,
             "samples": [{**r, "label": None, "annotator": None} for r in rows],
         }
+        roots = [label_studio_root(self.store.roots(), self.options.label_studio_root)]
+        doc["label_studio_document_root"] = str(roots[0])
         write_atomic(files["json"], json.dumps(doc, indent=1))
-        roots = self.store.roots()
         write_atomic(
             files["label_studio"], json.dumps(label_studio_tasks(rows, roots, number), indent=1)
         )
@@ -610,10 +647,29 @@ class Project:
             items, str(path), content_hash(raw), fmt, annotator, "human", allow_unqueried
         )
 
+    def import_records(
+        self, records: list[Any], annotator: str = "notebook", allow_unqueried: bool = False
+    ) -> dict[str, Any]:
+        """Import labels from in-memory records (see :func:`eada.api.import_labels`), with
+        the same validation and write as a file import."""
+        self.store.check_writable()
+        if self.store.get_meta("mode") == "simulated":
+            self._set_mode("human")  # raises: a simulated run takes no human labels
+        items = records_to_items(records)
+        raw = json.dumps(records, sort_keys=True, default=str).encode()
+        return self._write_labels(
+            items, "(records)", content_hash(raw), "records", annotator, "human", allow_unqueried
+        )
+
     def label_simulated(self) -> dict[str, Any]:
         """Label the open round's pending samples with ground truth (a
         :class:`~eada.train.SimulatedOracle`), through the same validation and write as an
         import."""
+        if not self.target_labeled:
+            raise StoreError(
+                "the target of this project is unlabeled: a simulated oracle has no labels to "
+                "reveal (label the queried samples with `eada label import`)"
+            )
         pending = self.pending()
         oracle = SimulatedOracle(self.task.target.y)
         truth = oracle.label(np.array([p["position"] for p in pending], dtype=np.int64))
@@ -640,8 +696,14 @@ class Project:
         class_id = {n: i for i, n in enumerate(self.classes)}
         roots = self.store.roots()
         chosen: dict[int, tuple[LabelItem, int]] = {}
+        by_external = external_ids(conn) if any(it.external_id for it in items) else {}
         for it in items:
             sample = None
+            if it.sample_id is None and it.path is None and it.external_id is not None:
+                if it.external_id not in by_external:
+                    problems.append(f"{it.where}: unknown external_id {it.external_id!r}")
+                    continue
+                it.sample_id = by_external[it.external_id]
             if it.sample_id is not None:
                 sample = conn.execute(
                     "SELECT * FROM samples WHERE id = ?", (it.sample_id,)
@@ -781,6 +843,8 @@ class Project:
     def run_simulated(self, progress: Progress = None) -> dict[str, Any]:
         """Follow the schedule to its end with a simulated oracle: train, query, label, ...
         Resumes wherever a killed run stopped."""
+        if not self.target_labeled:
+            self.label_simulated()  # raises: an unlabeled target has nothing to reveal
         if self.store.get_meta("mode") == "human":
             raise StoreError("this project has human labels; --simulate runs on a fresh project")
         with self.store.transaction():
@@ -799,6 +863,13 @@ class Project:
         return self.status()
 
     # -- status / export ----------------------------------------------------------------------
+    def _measured(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Metrics without any accuracy computed from labels nobody gave (unlabeled target)."""
+        return metrics if self.target_labeled else hide_guessed_accuracy(metrics)
+
+    def _measured_line(self, line: str) -> str:
+        return line if self.target_labeled else hide_guessed_accuracy(line)
+
     def status(self) -> dict[str, Any]:
         """Rounds, budget spent and accuracy history."""
         conn = self.store.conn
@@ -851,6 +922,7 @@ class Project:
             "epoch": 0 if last is None else last["epoch"],
             "rounds": rounds,
             "history": history,
+            "accuracy": accuracy_summary(self, history),
             "next": self.next_action(),
         }
 
@@ -904,8 +976,10 @@ class Project:
                 "epoch": ck["epoch"],
                 "n_labeled": ck["n_labeled"],
                 "sha256": _file_sha256(out / "model.pt"),
-                "load": "torch.load('model.pt', weights_only=True)",
+                "load": "eada.load_model(FOLDER), or torch.load('model.pt', weights_only=True)",
+                **model_meta(self),
             }
+            files["predictions.csv"] = str(write_predictions(self, state["model"], out))
             write_atomic(out / "model.json", json.dumps(meta, indent=1, default=str))
             files["model.pt"] = str(out / "model.pt")
             files["model.json"] = str(out / "model.json")

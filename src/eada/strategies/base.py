@@ -89,7 +89,8 @@ class PoolOutputs:
             )
             if not np.issubdtype(arr.dtype, np.floating):
                 arr = arr.astype(np.float64)
-            if not np.isfinite(arr).all():
+            # min and max carry any NaN or infinity: two reads, no (N, C) boolean temporary
+            if arr.size and not (np.isfinite(arr.min()) and np.isfinite(arr.max())):
                 raise ValueError(f"pool {name} contain NaN or infinite values")
             setattr(self, name, arr)
         sizes = {n: len(v) for n, v in self._arrays().items()}
@@ -156,18 +157,40 @@ class PoolOutputs:
             raise ValueError(f"strategy {strategy!r} needs {name} (give a (0, D) array if none)")
         return np.asarray(value)
 
+    def _scores_from_energies(self, what: str) -> None:
+        """Fill the missing ``free_energy`` and ``mvsm`` from the energies in ONE pass over
+        them, a block of rows at a time (about 1 MiB each), so the cost is about one read of
+        the ``(N, C)`` matrix and the temporaries stay block-sized; the values are those of
+        :func:`eada.energy.free_energy` / :func:`eada.energy.mvsm` on the whole matrix."""
+        e = torch.from_numpy(np.asarray(self.require_energies(what)))
+        n = e.shape[0]
+        rows = max(1, (1 << 20) // max(1, e.shape[1] * e.element_size()))
+        f = np.empty(n, dtype=e.numpy().dtype) if self.free_energy is None else None
+        want_u = self.mvsm is None and (e.shape[1] >= 2 or what == "MvSM")
+        u = np.empty(n, dtype=e.numpy().dtype) if want_u else None
+        for start in range(0, n, rows):
+            block = e[start : start + rows]
+            if f is not None:
+                f[start : start + rows] = energy_ops.free_energy(block).numpy()
+            if u is not None:
+                u[start : start + rows] = energy_ops.mvsm(block).numpy()
+        if f is not None:
+            self.free_energy = f
+        if u is not None:
+            self.mvsm = u
+
     def get_free_energy(self) -> np.ndarray:
         """``F(x)`` for every pool sample (computed from the energies if not given)."""
         if self.free_energy is None:
-            e = torch.from_numpy(self.require_energies("free energy"))
-            self.free_energy = energy_ops.free_energy(e).numpy()
+            self._scores_from_energies("free energy")
+        assert self.free_energy is not None
         return self.free_energy
 
     def get_mvsm(self) -> np.ndarray:
         """``U(x)`` for every pool sample (computed from the energies if not given)."""
         if self.mvsm is None:
-            e = torch.from_numpy(self.require_energies("MvSM"))
-            self.mvsm = energy_ops.mvsm(e).numpy()
+            self._scores_from_energies("MvSM")
+        assert self.mvsm is not None
         return self.mvsm
 
     def get_predictions(self) -> np.ndarray:

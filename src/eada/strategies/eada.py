@@ -7,9 +7,12 @@ energy ``F``. Step 2 (instance uncertainty): among those, keep the budget with t
 * ``rule="paper"`` (default): ``n1 = ceil(alpha1 * |pool|)`` of the CURRENT unlabeled pool, and
   step 2 returns exactly the requested budget.
 * ``rule="reference"`` (the authors' code): ``n1 = ceil(alpha1 * N_target)`` of the WHOLE initial
-  target set (capped at the pool size), and step 2 returns ``ceil(n1 * share / alpha1)`` samples,
-  ``share`` being the per-round budget as a share of the target set. The two ceilings make a
-  round slightly larger than ``share * N_target`` (Office-31 amazon: 29 instead of 28.17).
+  target set, and step 2 returns ``n2 = ceil(n1 * share / alpha1)`` samples, ``share`` being the
+  per-round budget as a share of the target set. ``n2`` is derived from that UNCAPPED ``n1``;
+  the pool caps only step 1's slice (it matters at ``alpha1 = 1`` once the pool is smaller than
+  ``N_target``: N = 100, pool 80, 5% -> 5 samples). The two ceilings make a round slightly
+  larger than ``share * N_target`` (Office-31 amazon: 29 instead of 28.17). The paper's tables
+  come from this rule (``configs/`` use it); ``paper`` is the literal reading.
 
 Ties: step 1 sorts by ``F`` (descending) with ties broken by lower pool position; step 2 sorts
 the candidates by ``U`` (descending) with ties broken by their step-1 order. The result is fully
@@ -81,8 +84,9 @@ def stage_sizes(
         share = (
             Fraction(str(budget_share)) if budget_share is not None else Fraction(budget, n_target)
         )
-        n1 = min(math.ceil(a1 * n_target), n_pool)
-        n2 = math.ceil(n1 * share / a1)
+        n1_uncapped = math.ceil(a1 * n_target)
+        n2 = math.ceil(n1_uncapped * share / a1)  # from the UNCAPPED n1, as the authors' code
+        n1 = min(n1_uncapped, n_pool)  # the pool caps only the slice
     else:
         raise ValueError(f"rule must be 'paper' or 'reference', got {rule!r}")
     if n2 > n1:

@@ -69,8 +69,12 @@ def score_pool(
     needs: tuple[str, ...],
     batch_size: int = 512,
     device: torch.device | str = "cpu",
+    free_energy_tau: float = 1.0,
 ) -> PoolOutputs:
     """One eval-mode pass over the pool, keeping only what the strategy ``needs``.
+
+    ``free_energy_tau``: the reverse temperature of the free energies
+    (:func:`eada.energy.free_energy`; see :attr:`ActiveDATrainer.selection_tau`).
 
     A strategy that needs only ``free_energy``/``mvsm`` gets two float32 a sample (plus the
     int32 predicted class, for the error rate of the selected samples), never the ``(N, C)``
@@ -89,7 +93,7 @@ def score_pool(
             zs.append(z.float().cpu())
         else:
             e = model(x).float()
-        f.append(energy_ops.free_energy(e).cpu())
+        f.append(energy_ops.free_energy(e, free_energy_tau).cpu())
         u.append(energy_ops.mvsm(e).cpu())
         p.append(e.argmin(dim=1).to(torch.int32).cpu())
         if keep_e:

@@ -102,7 +102,8 @@ class BatchStream:
     """Endless shuffled batches of ``domain[indices]``; reshuffles after each pass.
 
     Full batches only (``drop_last``) when at least one full batch exists, otherwise the whole
-    set as one batch; a batch of one sample is duplicated (batch norm needs two).
+    set as one batch; with ``drop_last=False`` a pass ends with its partial batch. A batch of
+    one sample is duplicated (batch norm needs two). :meth:`restart` starts a new pass.
     A :class:`TensorDomain` is sliced in memory; any other dataset (image files) is read through
     a ``DataLoader`` over the pass's batches (``domain.workers`` processes, same order).
 
@@ -121,8 +122,10 @@ class BatchStream:
         labels: torch.Tensor | None = None,
         rank: int = 0,
         world: int = 1,
+        drop_last: bool = True,
     ) -> None:
         self.domain = domain
+        self.drop_last = drop_last
         self.labels = domain.y if labels is None else labels
         self.indices = indices
         self.batch_size = batch_size
@@ -138,10 +141,17 @@ class BatchStream:
         self._order = torch.empty(0, dtype=torch.long)
         self._pos = 0
 
+    def restart(self) -> None:
+        """Start a new pass (new shuffle) at the next batch (``train.loaders: per_epoch``)."""
+        self.set_indices(self.indices)
+
     @property
     def batches_per_pass(self) -> int:
         """Batches in one pass over the set."""
-        return max(1, len(self.indices) // (self.batch_size * self.world))
+        full = self.batch_size * self.world
+        if self.drop_last:
+            return max(1, len(self.indices) // full)
+        return max(1, -(-len(self.indices) // full))
 
     def _local(self, b: torch.Tensor) -> torch.Tensor:
         """This rank's part of a global batch (a batch of one duplicated)."""
@@ -164,30 +174,37 @@ class BatchStream:
         n = len(self.indices)
         if n == 0:
             raise RuntimeError(f"batch stream over {self.domain.name!r} is empty")
-        full = self.batch_size * self.world
-        size = full if n >= full else n
-        if self._pos + size > len(self._order):
+        size = self._size()
+        left = len(self._order) - self._pos
+        if (left < size) if self.drop_last else (left <= 0):
             self._order = self.indices[torch.randperm(n, generator=self.generator)]
             self._pos = 0
-        b = self._local(self._order[self._pos : self._pos + size])
-        self._pos += size
+        start = self._pos
+        b = self._local(self._order[start : start + size])
+        self._pos += min(size, len(self._order) - start)
         if isinstance(self.domain, TensorDomain):
             return self.domain.x[b], self.labels[b]
-        return self._load(self._pos - size, size), self.labels[b]
+        return self._load(start), self.labels[b]
 
-    def _load(self, start: int, size: int) -> torch.Tensor:
+    def _size(self) -> int:
+        """The global batch size: ``world x batch_size``, or the whole set when smaller."""
+        full = self.batch_size * self.world
+        return full if len(self.indices) >= full else len(self.indices)
+
+    def _load(self, start: int) -> torch.Tensor:
         """Inputs of the batch at ``start`` of the current pass, from a loader that reads the
         rest of the pass ahead (rebuilt when the order or position changed)."""
         ld = self._loaded
         if ld is None or ld[0] is not self._order or ld[1] != start:
-            n_full = (len(self._order) - start) // size
-            rest = [
-                self._local(self._order[start + k * size : start + (k + 1) * size])
-                for k in range(n_full)
-            ]
+            size, n = self._size(), len(self._order)
+            ends = list(range(start + size, n + 1, size))
+            if not self.drop_last and (not ends or ends[-1] < n):
+                ends.append(n)  # the pass's last partial batch
+            starts = [start, *ends[:-1]]
+            rest = [self._local(self._order[a:b]) for a, b in zip(starts, ends, strict=True)]
             ld = (self._order, start, iterate_inputs(self.domain, rest))
         x = next(ld[2])
-        self._loaded = (ld[0], start + size, ld[2])
+        self._loaded = (ld[0], self._pos, ld[2])
         return x
 
 
@@ -203,6 +220,13 @@ class Proposal:
     selection: Selection
     scoring_seconds: float
     selection_seconds: float
+
+
+def unlabeled_view(domain: Domain) -> Domain:
+    """The view the unlabeled-target training stream reads (``data.transforms.unlabeled_view``):
+    an image domain's ``unlabeled`` view where it has one, else the domain itself."""
+    views = getattr(domain, "transforms", None)
+    return domain.view("unlabeled") if isinstance(views, dict) and "unlabeled" in views else domain
 
 
 def record_alignment_runaway(
@@ -332,9 +356,19 @@ class ActiveDATrainer:
         self.source_stream = BatchStream(
             task.source, torch.arange(len(task.source)), bs, gen, None, rk, w
         )
-        self.unlabeled_stream = BatchStream(task.target, torch.arange(n_t), bs, gen, None, rk, w)
+        self.unlabeled_stream = BatchStream(
+            unlabeled_view(task.target), torch.arange(n_t), bs, gen, None, rk, w
+        )
+        per_epoch = cfg.train.loaders == "per_epoch"  # the labeled loader keeps its last batch
         self.labeled_stream = BatchStream(
-            task.target, torch.empty(0, dtype=torch.long), bs, gen, self.target_labels, rk, w
+            task.target,
+            torch.empty(0, dtype=torch.long),
+            bs,
+            gen,
+            self.target_labels,
+            rk,
+            w,
+            drop_last=not per_epoch,
         )
         self.generator = gen
         self.last_proposal: Proposal | None = None
@@ -441,7 +475,9 @@ class ActiveDATrainer:
         )
 
     def steps_per_epoch(self) -> int:
-        """``max(#source batches, #unlabeled batches)``, the reference code's epoch length."""
+        """``max(#source batches, #unlabeled batches)`` over the current pool, the reference
+        code's epoch length (``train.loaders: continuous`` takes it once, from the initial
+        pool; ``per_epoch`` at the start of every epoch)."""
         return max(self.source_stream.batches_per_pass, self.unlabeled_stream.batches_per_pass)
 
     # -- selection --------------------------------------------------------------------------
@@ -479,16 +515,30 @@ class ActiveDATrainer:
             raise RuntimeError("strategy returned an already-labeled or duplicate sample")
         return Proposal(pool_idx, chosen, outputs, sel, t1 - t0, t2 - t1)
 
+    @property
+    def selection_tau(self) -> float:
+        """The reverse temperature of the pool's free energies at selection. ``train.tau != 1``
+        tempers them as training does: the paper's ``F_tau = -(1/tau) logsumexp(-tau E)``, or
+        under ``active.selection_rule: reference`` the authors' selection placement
+        ``-tau logsumexp(-E / tau)`` (i.e. ``F`` at reverse temperature ``1/tau``). Both are the
+        plain ``F`` at ``tau = 1``."""
+        tau = self.cfg.train.tau
+        return 1.0 / tau if self.cfg.active.selection_rule == "reference" else tau
+
     def _score(self, pool_idx: torch.Tensor, needs: tuple[str, ...]) -> PoolOutputs:
         """:func:`~eada.train.evaluate.score_pool` over the pool; distributed, every rank scores
         its shard and the per-sample outputs are gathered back into pool order on every rank."""
         bs = self.cfg.train.eval_batch_size
         if self.world == 1:
-            return score_pool(self.model, self.task.target, pool_idx, needs, bs, self.device)
+            return score_pool(
+                self.model, self.task.target, pool_idx, needs, bs, self.device, self.selection_tau
+            )
         dist_ops.sync_buffers(self.model)  # same batch-norm statistics on every rank
         n = len(pool_idx)
         part = pool_idx[dist_ops.shard(n, self.rank, self.world)]
-        local = score_pool(self.model, self.task.target, part, needs, bs, self.device)
+        local = score_pool(
+            self.model, self.task.target, part, needs, bs, self.device, self.selection_tau
+        )
 
         def gather(a: np.ndarray | None) -> np.ndarray | None:
             return None if a is None else dist_ops.gather_rows(a, n)
@@ -556,14 +606,16 @@ class ActiveDATrainer:
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any]:
-        """Metrics on the whole target (transductive, as the paper) and the held-out split."""
+        """Metrics on the whole target (transductive, as the paper), on the target samples not
+        labeled so far (``target_unlabeled``; at the end: never labeled) and on the held-out
+        split."""
         target = self.task.target
         e = self._predict(target)  # one pass, reused below
         out: dict[str, Any] = {"target": domain_metrics(e, target.y, target.num_classes)}
         if (held := self.task.heldout) is not None:
             out["heldout"] = domain_metrics(self._predict(held), held.y, held.num_classes)
         unl = torch.nonzero(~self.labeled_mask).squeeze(1)
-        if 0 < len(unl) < len(target):
+        if len(unl) > 0:
             out["target_unlabeled"] = accuracy_metrics(e[unl], target.y[unl], target.num_classes)
         return out
 
@@ -645,6 +697,10 @@ class ActiveDATrainer:
             open_round = result.rounds[-1] if self._resume["open_round"] else None
             self._resume = None
         for epoch in range(first_epoch, cfg.train.epochs + 1):
+            if cfg.train.loaders == "per_epoch":  # the authors' code: every loader restarts
+                for stream in (self.source_stream, self.unlabeled_stream, self.labeled_stream):
+                    stream.restart()
+                steps = self.steps_per_epoch()  # over the current unlabeled pool
             sums: dict[str, float] = {}
             for _ in range(steps):
                 for k, v in self.train_step().items():

@@ -1,0 +1,189 @@
+"""The Python API for notebooks: load an exported model, open a project, query, import labels
+from records or a DataFrame.
+
+Example (one annotation round; ``proj`` made with ``eada init``)::
+
+    import eada
+    proj = eada.open_project("proj")
+    proj.train()                                   # up to the first planned round
+    batch = eada.query(proj)                       # dicts: sample_id, path, predicted, score
+    labels = [{"sample_id": b["sample_id"], "label": my_label(b["path"])} for b in batch]
+    eada.import_labels(proj, labels, annotator="me")   # or a pandas DataFrame
+    proj.train()
+    proj.export("final")
+    model = eada.load_model("final")
+    model.predict_files(["photo.jpg"])             # [{"path", "predicted", "score"}]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass
+class LoadedModel:
+    """An exported model ready to predict.
+
+    Attributes:
+        net: maps model-ready inputs to energies ``(B, C)`` (for image models: normalised
+            image tensors; a frozen backbone is included in front of the head).
+        classes: class names by output index.
+        config: the project's resolved config (a dict).
+        transform: for image models, the test view (PIL image -> tensor); else ``None``.
+    """
+
+    net: nn.Module
+    classes: list[str]
+    config: dict[str, Any]
+    transform: Callable[[Any], torch.Tensor] | None = None
+
+    @torch.no_grad()
+    def energies(self, x: torch.Tensor) -> torch.Tensor:
+        """Energies ``E(x, y)`` of a batch (lower = more likely)."""
+        self.net.eval()
+        out: torch.Tensor = self.net(x)
+        return out
+
+    def predict(self, x: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+        """Predicted class names and their probabilities ``softmax(-tau E)``."""
+        tau = float(self.config.get("train", {}).get("tau", 1.0))
+        p = torch.softmax(-tau * self.energies(x), dim=1)
+        score, idx = p.max(dim=1)
+        return [self.classes[int(i)] for i in idx], score
+
+    def predict_files(self, paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+        """Predict image files: ``[{"path", "predicted", "score"}]`` (image models only)."""
+        from PIL import Image
+
+        if self.transform is None:
+            raise ValueError("this model takes feature rows, not image files: use predict(x)")
+        tensors = []
+        for p in paths:
+            with Image.open(p) as im:
+                tensors.append(self.transform(im.convert("RGB")))
+        names, score = self.predict(torch.stack(tensors))
+        return [
+            {"path": str(p), "predicted": n, "score": float(s)}
+            for p, n, s in zip(paths, names, score, strict=True)
+        ]
+
+
+def load_model(path: str | Path) -> LoadedModel:
+    """Load what ``eada export`` wrote (``model.pt`` + ``model.json``) in one call.
+
+    Args:
+        path: the export folder, or its ``model.json``.
+
+    Raises:
+        FileNotFoundError: no ``model.json``/``model.pt`` there.
+        ValueError: ``model.pt`` does not match the SHA-256 in ``model.json``.
+    """
+    from eada.models.factory import build_model
+    from eada.store.data import build_config
+
+    folder = Path(path)
+    if folder.name == "model.json":
+        folder = folder.parent
+    meta_file, weights = folder / "model.json", folder / "model.pt"
+    for f in (meta_file, weights):
+        if not f.is_file():
+            raise FileNotFoundError(f"no exported model at {folder}: {f.name} missing")
+    meta = json.loads(meta_file.read_text())
+    if hashlib.sha256(weights.read_bytes()).hexdigest() != meta["sha256"]:
+        raise ValueError(f"{weights} does not match the SHA-256 recorded in {meta_file}")
+    if "input_shape" not in meta:
+        raise ValueError(f"{meta_file} predates eada.load_model (no input_shape); export again")
+    cfg = build_config(meta["config"], str(meta_file))
+    classes = list(meta["classes"])
+    images = cfg.data.kind == "images"
+    model_cfg = cfg.model
+    if images and not model_cfg.freeze_backbone:  # every weight comes from model.pt
+        model_cfg = model_cfg.model_copy(update={"weights": None})
+    net: nn.Module = build_model(model_cfg, tuple(meta["input_shape"]), len(classes))
+    net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    transform = None
+    if images:
+        from eada.data.image_tasks import backbone_normalization, transform_spec
+        from eada.data.transforms import build_transform
+
+        data: Any = cfg.data
+        norm = backbone_normalization(cfg.model, data.transforms.normalization)
+        if cfg.model.freeze_backbone:
+            from eada.models.backbones import build_backbone
+
+            bb = build_backbone(
+                cfg.model.backbone,
+                cfg.model.weights,
+                cfg.model.factory,
+                data.transforms.normalization,
+            )
+            norm = bb.normalization
+            net = nn.Sequential(bb.module, net)
+        transform = build_transform("test", transform_spec(data), norm)
+    net.eval()
+    return LoadedModel(net, classes, meta["config"], transform)
+
+
+def create_project(
+    folder: str | Path, config: str | Path, overrides: Sequence[str] = (), progress: bool = True
+) -> Any:
+    """``eada init --store FOLDER --config CONFIG [--set k=v ...]``: register the data of a
+    project config (with its optional ``store:`` section) and return the project.
+    ``progress`` prints the feature-extraction lines."""
+    from eada.store import init_project
+    from eada.store.targets import load_project_config
+
+    cfg, options = load_project_config(config, list(overrides))
+    return init_project(folder, cfg, options=options, progress=print if progress else None)
+
+
+def open_project(folder: str | Path) -> Any:
+    """An existing project store (:class:`eada.store.Project`): ``train()``, ``query()``,
+    ``status()``, ``export(out)``."""
+    from eada.store import Project
+
+    return Project(folder)
+
+
+def query(project: Any, budget: int | None = None) -> list[dict[str, Any]]:
+    """Select the next round (or return the batch still awaiting labels): one dict a sample
+    with ``sample_id``, ``path``, ``external_id``, ``predicted``, ``score`` and the
+    strategy's scores, best first (also written to ``exports/`` as for ``eada query``)."""
+    out = project.query(budget=budget)
+    doc = json.loads(Path(out["files"]["json"]).read_text())
+    return [{k: v for k, v in s.items() if k not in ("label", "annotator")} for s in doc["samples"]]
+
+
+def import_labels(
+    project: Any,
+    labels: Any,
+    annotator: str = "notebook",
+    allow_unqueried: bool = False,
+) -> dict[str, Any]:
+    """Import labels from records (dicts with ``label`` and ``sample_id`` and/or ``path``,
+    optional ``annotator``) or a pandas DataFrame with those columns. Validated like a file
+    import: all problems listed, nothing written unless all rows are valid."""
+    records: Iterable[Any]
+    if hasattr(labels, "to_dict") and hasattr(labels, "columns"):  # a DataFrame
+        records = labels.to_dict("records")
+    else:
+        records = labels
+    return project.import_records(list(records), annotator, allow_unqueried)
+
+
+__all__ = [
+    "LoadedModel",
+    "create_project",
+    "import_labels",
+    "load_model",
+    "open_project",
+    "query",
+]

@@ -1,0 +1,225 @@
+"""``eada report PROJECT``: one self-contained HTML page for an annotation project store.
+
+It shows the rounds (strategy, epoch, selected/labeled/pending), the labels over time (every
+import and its new/corrected/unchanged counts, cumulative labels), the accuracy wherever it can
+be measured (a labeled held-out split; the target's own labels where the data carries them;
+the queried samples' labels, named as biased) and, for image projects, the queried images of
+every round with their rank, the model's prediction at query time and the human label
+(mispredictions in a red frame). Nothing is computed from an unlabeled target's placeholder
+labels.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from eada.reports.figures_runs import PALETTE, plot_image_grid
+from eada.reports.html import CSS, _e, _Figures, _table
+from eada.store.unlabeled import QUERIED_NOTE
+
+THUMB = 160  # pixels of the square the images are decoded into
+
+
+def is_project(path: Path) -> bool:
+    """Whether ``path`` is a project store folder (holds ``eada.sqlite``)."""
+    return (Path(path) / "eada.sqlite").is_file()
+
+
+def _thumbnail(path: str) -> np.ndarray | None:
+    from PIL import Image
+
+    try:
+        with Image.open(path) as raw:
+            im = raw.convert("RGB")
+        side = min(im.size)
+        left, top = (im.width - side) // 2, (im.height - side) // 2
+        im = im.crop((left, top, left + side, top + side)).resize((THUMB, THUMB))
+        return np.asarray(im, dtype=np.uint8)
+    except OSError:
+        return None
+
+
+def _labels_figure(times: list[_dt.datetime], counts: list[int]) -> Figure:
+    fig = Figure(figsize=(5.6, 3.0))
+    ax = fig.add_subplot()
+    ax.step(times, counts, where="post", color=PALETTE[0], lw=1.8)  # type: ignore[arg-type]
+    ax.plot(times, counts, "o", color=PALETTE[0], ms=4)  # type: ignore[arg-type]
+    ax.set_ylabel("labels in force")
+    ax.set_xlabel("time (UTC)")
+    ax.grid(alpha=0.3)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return fig
+
+
+def _accuracy_figure(series: dict[str, tuple[list[int], list[float]]]) -> Figure:
+    fig = Figure(figsize=(5.6, 3.4))
+    ax = fig.add_subplot()
+    for i, (name, (x, y)) in enumerate(series.items()):
+        ax.plot(x, y, marker="o", ms=4, lw=1.6, color=PALETTE[i % len(PALETTE)], label=name)
+    ax.set_xlabel("target labels")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 100.5)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def _queried_grid(project: Any, figs: _Figures, per_round: int) -> str:
+    labels = {r["sample_id"]: r["class_name"] for r in project.store.current_labels()}
+    rows: list[tuple[Any, ...]] = []
+    table: list[list[Any]] = []
+    for rnd in project.store.rounds():
+        imgs: list[np.ndarray] = []
+        caps: list[str] = []
+        wrong: list[bool] = []
+        for s in project.store.selected(rnd["id"]):
+            pred = json.loads(s["scores"])["predicted"]
+            label = labels.get(s["sample_id"])
+            table.append(
+                [rnd["number"], s["rank"] + 1, s["sample_id"], s["path"] or "-", pred, label or "-"]
+            )
+            if len(imgs) >= per_round or not s["path"]:
+                continue
+            img = _thumbnail(s["path"])
+            if img is None:
+                continue
+            imgs.append(img)
+            caps.append(f"#{s['rank'] + 1} p={pred} y={label or '?'}")
+            wrong.append(label is not None and label != pred)
+        if imgs:
+            rows.append((f"round {rnd['number']}", np.stack(imgs), caps, wrong))
+    out = []
+    if rows:
+        out.append(
+            figs.html(
+                plot_image_grid(rows, max_cols=per_round),
+                "queried images",
+                f"The first {per_round} images queried in each round, in the strategy's order "
+                "(#rank; p = the model's prediction when it selected them; y = the label in "
+                "force, ? = not labeled yet; red frame: p differs from y).",
+            )
+        )
+    elif table:
+        out.append('<p class="note">The samples are feature rows: no images to show.</p>')
+    if table:
+        out.append(
+            f"<details><summary>{len(table)} queried samples</summary>"
+            + _table(["round", "rank", "sample id", "path", "predicted", "label"], table)
+            + "</details>"
+        )
+    return "".join(out)
+
+
+def counts_of(row: Any) -> list[int]:
+    """An import's new / corrected / unchanged label counts."""
+    return [row["n_new"], row["n_corrections"], row["n_unchanged"]]
+
+
+def build_project_report(folder: Path, out: Path | None = None, per_round: int = 8) -> Path:
+    """Write the HTML report of the project store at ``folder`` (default
+    ``folder/report.html``) and return its path."""
+    from eada.store import Project
+
+    project = Project(folder)
+    figs = _Figures(None)
+    st = project.status()
+    acc = st["accuracy"]
+    name = Path(folder).resolve().name
+    parts = [
+        f"<h1>eada project report: {_e(name)}</h1>",
+        f'<p class="meta">project {_e(Path(folder).resolve())}; mode {_e(st["mode"])}; '
+        f"target {'labeled' if project.target_labeled else 'unlabeled'} "
+        f"({st['n_target']} samples, {len(project.classes)} classes); epoch {st['epoch']}; "
+        f"generated {_dt.datetime.now().isoformat(timespec='seconds')}</p>",
+        "<h2>Rounds</h2>",
+    ]
+    q_by_round = {r["round"]: r for r in (acc["queried"] or {}).get("rounds", [])}
+    rounds = [
+        [
+            r["round"],
+            r["epoch"],
+            r["strategy"],
+            r["selected"],
+            r["labeled"],
+            r["pending"],
+            "-"
+            if q_by_round.get(r["round"], {}).get("accuracy") is None
+            else f"{q_by_round[r['round']]['accuracy']:.1f}",
+        ]
+        for r in st["rounds"]
+    ]
+    head = ["round", "epoch", "strategy", "selected", "labeled", "pending", "queried acc. %*"]
+    parts.append(_table(head, rounds) if rounds else "<p>No round queried yet.</p>")
+    parts.append(f'<p class="note">* queried accuracy: {_e(QUERIED_NOTE)}</p>')
+    parts.append("<h2>Labels over time</h2>")
+    imports = list(project.store.conn.execute("SELECT * FROM imports ORDER BY id"))
+    rows = [
+        [i["id"], i["created"], Path(i["file"]).name, i["format"], *counts_of(i)] for i in imports
+    ]
+    times, counts, total = [], [], 0
+    for i in imports:
+        total += i["n_new"]
+        times.append(_dt.datetime.fromisoformat(i["created"]))
+        counts.append(total)
+    if times:
+        parts.append(
+            figs.html(
+                _labels_figure(times, counts),
+                "labels over time",
+                "Target labels in force after each import.",
+                svg=True,
+            )
+        )
+        head = ["import", "time (UTC)", "file", "format", "new", "corrections", "unchanged"]
+        parts.append(_table(head, rows))
+    else:
+        parts.append("<p>No labels imported yet.</p>")
+    parts.append("<h2>Accuracy where it can be measured</h2>")
+    series: dict[str, tuple[list[int], list[float]]] = {}
+    for key, label in (("heldout_accuracy", "held-out split"), ("target_accuracy", "target")):
+        pts = [(h["n_labeled"], h[key]) for h in st["history"] if key in h and h["kind"] != "epoch"]
+        if pts:
+            series[label] = ([p[0] for p in pts], [p[1] for p in pts])
+    lines = []
+    for key, label in (("heldout", "held-out"), ("target", "target"), ("queried", "queried")):
+        a = acc.get(key)
+        if a is not None:
+            lines.append(f"<li>{label}: <b>{a['accuracy']:.2f}%</b> ({_e(a['note'])})</li>")
+    if not project.target_labeled:
+        lines.append(
+            "<li>whole target: not measurable (the target is unlabeled; no accuracy is computed "
+            "from labels nobody gave)</li>"
+        )
+    parts.append(f"<ul>{''.join(lines)}</ul>")
+    if series:
+        parts.append(
+            figs.html(
+                _accuracy_figure(series),
+                "accuracy",
+                "Accuracy after each training segment vs. the target labels it trained with.",
+                svg=True,
+            )
+        )
+    parts.append("<h2>Queried samples</h2>")
+    parts.append(_queried_grid(project, figs, per_round) or "<p>No round queried yet.</p>")
+    config = json.dumps(project.store.get_json("config"), indent=1)
+    parts.append(f"<details><summary>config</summary><pre>{_e(config)}</pre></details>")
+    out = Path(out) if out is not None else Path(folder) / "report.html"
+    doc = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>eada project {_e(name)}</title><style>{CSS}</style></head><body>"
+        + "".join(parts)
+        + "</body></html>\n"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(doc, encoding="utf-8")
+    project.close()
+    return out

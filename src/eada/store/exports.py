@@ -1,0 +1,86 @@
+"""``eada export`` extras: the final model's prediction for every target sample
+(``predictions.csv``, a pre-annotation of the whole target) and what loading the exported
+model needs (input shape, classes)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eada.models.factory import build_model
+from eada.store.labelfiles import csv_safe, write_atomic
+from eada.store.unlabeled import round_rows_extra
+
+PREDICTION_COLUMNS = [
+    "sample_id",
+    "external_id",
+    "domain",
+    "index",
+    "path",
+    "external_path",
+    "predicted",
+    "score",
+    "label",
+    "label_source",
+]
+
+
+def final_predictions(project: Any, model_state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model of ``model_state`` on every target sample: predicted class and its
+    probability (``softmax(-tau E)``), next to the label in force where one was given."""
+    from eada.train.evaluate import predict_energies
+
+    task = project.task
+    cfg = project.cfg
+    net = build_model(cfg.model, task.source.input_shape, len(project.classes))
+    net.load_state_dict(model_state)
+    e = predict_energies(net, task.target, None, cfg.train.eval_batch_size, "cpu")
+    p = torch.softmax(-cfg.train.tau * e, dim=1)
+    score, pred = p.max(dim=1)
+    labels = {r["sample_id"]: r for r in project.store.current_labels()}
+    extra = round_rows_extra(project.store.conn)
+    rows = []
+    for s in project.store.samples("target"):
+        k = s["position"]
+        lab = labels.get(s["id"])
+        rows.append(
+            {
+                "sample_id": s["id"],
+                **{"external_id": None, "external_path": None, **extra.get(s["id"], {})},
+                "domain": s["domain"],
+                "index": k,
+                "path": s["path"],
+                "predicted": project.classes[int(pred[k])],
+                "score": round(float(score[k]), 6),
+                "label": None if lab is None else lab["class_name"],
+                "label_source": None if lab is None else lab["source"],
+            }
+        )
+    return rows
+
+
+def write_predictions(project: Any, model_state: dict[str, Any], out: Path) -> Path:
+    """``out/predictions.csv`` (:data:`PREDICTION_COLUMNS`; text cells spreadsheet-safe)."""
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=PREDICTION_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in final_predictions(project, model_state):
+        w.writerow({k: "" if v is None else csv_safe(v) for k, v in r.items()})
+    path = out / "predictions.csv"
+    write_atomic(path, buf.getvalue())
+    return path
+
+
+def model_meta(project: Any) -> dict[str, Any]:
+    """What :func:`eada.load_model` needs beyond the config: the model's input shape, whether
+    the target carried labels, and (frozen backbones) that ``model.pt`` is the head only."""
+    frozen = project.cfg.data.kind == "images" and project.cfg.model.freeze_backbone
+    return {
+        "input_shape": list(project.task.source.input_shape),
+        "target_labeled": project.target_labeled,
+        "head_only": bool(frozen),
+    }

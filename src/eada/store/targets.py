@@ -1,0 +1,442 @@
+"""Project data beyond labeled domains: an UNLABELED target, a labeled held-out target split,
+and image data with any backbone (``data.kind: images``) in the project store.
+
+The ``store:`` section of a project config (only the store reads it; see
+:class:`StoreOptions`) says whether the target carries labels. An unlabeled target is
+
+* a **flat folder** of images (no class sub-folders; ``store.target: unlabeled`` also ignores
+  class folders when present),
+* a **file list**: a ``.csv`` with a ``path`` column and an optional ``id`` column, or a text
+  file with one path a line and an optional ``TAB id`` (relative paths start at ``data.root``
+  or the list's folder), or
+* a **feature matrix without labels** (``data.kind: features``): ``.npy``, ``.npz``/``.mat``
+  (optional ``ids``/``paths`` arrays) or ``.parquet`` (optional ``id``/``path`` columns).
+
+Class names come from the source. The model needs a label for every sample only as a
+placeholder (class 0); nothing reads it: the store never computes an accuracy on an unlabeled
+target, and ``eada train --simulate`` refuses one. A labeled held-out split (class folders, a
+``path label`` list, or a ``.csv`` with ``path`` and ``label`` (class name) columns) gives an
+honest accuracy.
+"""
+
+from __future__ import annotations
+
+import csv
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from eada.config import FeatureData, ImageListData
+from eada.data.images import IMAGE_EXTENSIONS, ImageDataError, ImageList, load_image_list
+
+Progress = Callable[[str], None] | None
+
+SAMPLE_INFO_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS sample_info (sample_id INTEGER PRIMARY KEY REFERENCES "
+    "samples (id), external_id TEXT, external_path TEXT)"
+)
+
+
+class StoreOptions(BaseModel):
+    """The ``store:`` section of a project config.
+
+    Attributes:
+        target: ``labeled`` (class folders / labeled lists / labeled features), ``unlabeled``
+            (labels, if any, are ignored), or ``auto``: a folder without class folders, a
+            ``.csv`` list without a ``label`` column and a feature file without labels are
+            unlabeled, anything else labeled. ``eada init`` records the resolved value.
+        label_studio_root: the folder Label Studio serves local files from
+            (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); default: the deepest folder holding
+            every registered data root.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: Literal["auto", "labeled", "unlabeled"] = "auto"
+    label_studio_root: Path | None = None
+
+
+@dataclass
+class SampleInfo:
+    """What a user named a sample: their id and (feature rows) a path, both optional."""
+
+    ids: list[str | None] = field(default_factory=list)
+    paths: list[str | None] = field(default_factory=list)
+
+
+def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptions]:
+    """``raw`` without its ``store`` section, and that section validated."""
+    from pydantic import ValidationError
+
+    from eada.config import ConfigError
+
+    raw = dict(raw)
+    section = raw.pop("store", None) or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"the store section must be a mapping, got {type(section).__name__}")
+    try:
+        return raw, StoreOptions.model_validate(section)
+    except ValidationError as err:
+        lines = [f"  store.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
+        raise ConfigError("the store section is invalid:\n" + "\n".join(lines)) from None
+
+
+def absolute_config(cfg: Any) -> Any:
+    """``cfg`` with the file paths of its data section absolute (see :func:`absolute_data`)."""
+    data = cfg.data
+    fixed = type(data).model_validate(absolute_data(data.model_dump(mode="json")))
+    return cfg.model_copy(update={"data": fixed})
+
+
+def absolute_data(raw_data: dict[str, Any]) -> dict[str, Any]:
+    """A data section with its file paths made absolute (relative to the working folder at
+    ``eada init``), so later commands work from any folder."""
+    out = dict(raw_data)
+    keys = (
+        "source",
+        "target",
+        "heldout",
+        "root",
+        "cache_dir",
+        "source_labels",
+        "target_labels",
+        "heldout_labels",
+    )
+    for k in keys:
+        digits_name = out.get("kind") == "digits" and k != "root"  # mnist, usps: not paths
+        if out.get(k) is not None and out.get("kind") != "toy" and not digits_name:
+            out[k] = str(Path(out[k]).absolute())
+    return out
+
+
+# -- image lists ----------------------------------------------------------------------------
+def _has_class_folders(folder: Path) -> bool:
+    base = folder / "images" if (folder / "images").is_dir() else folder
+    return any(d.is_dir() and not d.name.startswith(".") for d in base.iterdir())
+
+
+def target_is_labeled(spec: Path, option: str, kind: str = "images") -> bool:
+    """Resolve ``store.target`` for a target ``spec`` (folder, list or feature file)."""
+    if option != "auto":
+        return option == "labeled"
+    if kind == "features":
+        return _feature_file_has_labels(spec)
+    if spec.is_dir():
+        return _has_class_folders(spec)
+    if spec.suffix.lower() == ".csv":
+        with open(spec, newline="", encoding="utf-8-sig") as fh:
+            header = next(csv.reader(fh), [])
+        return "label" in header
+    return True
+
+
+def _flat_images(folder: Path) -> list[Path]:
+    """Every image under ``folder`` (recursively, sorted), for an unlabeled target."""
+    return sorted(
+        p.resolve()
+        for p in folder.rglob("*")
+        if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
+    )
+
+
+def read_path_list(path: Path, root: Path | None = None) -> tuple[list[Path], list[str | None]]:
+    """A list of image paths with optional ids: a ``.csv`` with ``path`` (+ optional ``id``)
+    columns, or text with ``PATH`` or ``PATH<TAB>ID`` a line (``#`` comments).
+
+    Raises:
+        ImageDataError: no ``path`` column, empty entries, duplicate ids, no paths.
+    """
+    base = root if root is not None else path.parent
+    paths: list[Path] = []
+    ids: list[str | None] = []
+    errors: list[str] = []
+    if path.suffix.lower() == ".csv":
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            if "path" not in (reader.fieldnames or []):
+                raise ImageDataError(f"{path}: a CSV list needs a 'path' column")
+            for row in reader:
+                p = (row.get("path") or "").strip()
+                if not p:
+                    errors.append(f"row {reader.line_num}: empty path")
+                    continue
+                paths.append(Path(p))
+                ids.append((row.get("id") or "").strip() or None)
+    else:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            p, _, ident = line.partition("\t")
+            if not p.strip():
+                errors.append(f"line {n}: empty path")
+                continue
+            paths.append(Path(p.strip()))
+            ids.append(ident.strip() or None)
+    given = [i for i in ids if i is not None]
+    if len(set(given)) != len(given):
+        errors.append("ids are not unique")
+    if errors:
+        raise ImageDataError(f"{path}: " + "; ".join(errors[:20]))
+    if not paths:
+        raise ImageDataError(f"{path}: no images listed")
+    return [p if p.is_absolute() else (base / p) for p in paths], ids
+
+
+def unlabeled_images(
+    spec: Path, classes: list[str], root: Path | None = None
+) -> tuple[ImageList, SampleInfo]:
+    """An unlabeled target: every image of a folder, or a path list. Labels are class 0
+    placeholders (nothing reads them); ``classes`` are the source's."""
+    if not spec.exists():
+        raise FileNotFoundError(f"target not found: {spec}")
+    if spec.is_dir():
+        paths = _flat_images(spec)
+        ids: list[str | None] = [None] * len(paths)
+        if not paths:
+            raise ImageDataError(f"{spec}: no images ({', '.join(IMAGE_EXTENSIONS)})")
+    else:
+        paths, ids = read_path_list(spec, root)
+    name = spec.stem if spec.is_file() else spec.name
+    return ImageList(name, paths, [0] * len(paths), list(classes)), SampleInfo(ids, [])
+
+
+def labeled_heldout(spec: Path, classes: list[str], root: Path | None = None) -> ImageList:
+    """A labeled held-out target split: class folders, a ``path label`` list, or a ``.csv``
+    with ``path`` and ``label`` (a class NAME) columns."""
+    if spec.suffix.lower() != ".csv":
+        return load_image_list(spec, root, classes)
+    base = root if root is not None else spec.parent
+    lookup = {c: i for i, c in enumerate(classes)}
+    paths: list[Path] = []
+    labels: list[int] = []
+    errors: list[str] = []
+    with open(spec, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        if not {"path", "label"} <= set(reader.fieldnames or []):
+            raise ImageDataError(f"{spec}: a held-out CSV needs 'path' and 'label' columns")
+        for row in reader:
+            name = (row.get("label") or "").strip()
+            if name not in lookup:
+                errors.append(f"row {reader.line_num}: unknown class name {name!r}")
+                continue
+            p = Path((row.get("path") or "").strip())
+            paths.append(p if p.is_absolute() else base / p)
+            labels.append(lookup[name])
+    if errors:
+        raise ImageDataError(f"{spec}: " + "; ".join(errors[:20]))
+    if not paths:
+        raise ImageDataError(f"{spec}: no images listed")
+    return ImageList(spec.stem, paths, labels, list(classes))
+
+
+def load_store_images(
+    data: ImageListData,
+    model: Any,
+    labeled: bool,
+    device: str = "cpu",
+    progress: Progress = None,
+) -> tuple[Any, dict[str, list[Path] | None], SampleInfo]:
+    """The domains of an image project (any backbone, frozen through the feature cache or
+    fine-tuned), the file of every sample by role, and the target's ids.
+
+    Every image is decoded once before anything else; all missing or unreadable ones are
+    listed in one error (``data.skip_bad_images: true`` drops them)."""
+    from eada.data.image_tasks import image_domains
+    from eada.data.images import find_bad_images
+    from eada.data.tasks import Task
+
+    source = load_image_list(data.source, data.root)
+    info = SampleInfo()
+    if labeled:
+        target = load_image_list(data.target, data.root, source.classes)
+    else:
+        target, info = unlabeled_images(Path(data.target), source.classes, data.root)
+    lists = {"source": source, "target": target}
+    if data.heldout is not None:
+        lists["heldout"] = labeled_heldout(Path(data.heldout), source.classes, data.root)
+    bad = find_bad_images(sorted({p for il in lists.values() for p in il.paths}))
+    if bad and not data.skip_bad_images:
+        listing = "\n  ".join(f"{p}: {r}" for p, r in sorted(bad.items()))
+        raise ImageDataError(
+            f"{len(bad)} image(s) missing or unreadable (set data.skip_bad_images: true to "
+            f"skip them):\n  {listing}"
+        )
+    if bad:
+        keep = [i for i, p in enumerate(target.paths) if p not in bad]
+        info = SampleInfo([info.ids[i] for i in keep] if info.ids else [], [])
+        lists = {k: v.drop(set(bad)) for k, v in lists.items()}
+    for role, il in lists.items():
+        if not il.paths:
+            raise ImageDataError(f"{role} {il.name!r}: no images")
+    domains, notes = image_domains(data, model, lists, device, progress)
+    task = Task(domains["source"], domains["target"], domains.get("heldout"), notes)
+    files: dict[str, list[Path] | None] = {k: list(v.paths) for k, v in lists.items()}
+    return task, files, info
+
+
+# -- feature matrices -----------------------------------------------------------------------
+def _feature_file_has_labels(path: Path) -> bool:
+    from eada.data.features import LABEL_KEYS
+
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            return any(k in z.files for k in LABEL_KEYS)
+    if suffix == ".mat":
+        from scipy.io import loadmat
+
+        return any(k in LABEL_KEYS for k in loadmat(path))
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return any(k in LABEL_KEYS for k in pq.read_schema(path).names)
+    return False
+
+
+def read_unlabeled_features(
+    path: Path, features_key: str | None = None
+) -> tuple[np.ndarray, SampleInfo]:
+    """Features ``(N, D)`` of an unlabeled feature file and its optional ``ids``/``paths``
+    (``.npz``/``.mat`` arrays, ``.parquet`` columns ``id``/``path``)."""
+    from eada.data.features import FEATURE_KEYS, LABEL_KEYS, _pick
+
+    if not path.is_file():
+        raise FileNotFoundError(f"feature file not found: {path}")
+    suffix = path.suffix.lower()
+    extra: dict[str, Any] = {}
+    if suffix == ".npy":
+        x = np.load(path, allow_pickle=False)
+    elif suffix in (".npz", ".mat"):
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        else:
+            from scipy.io import loadmat
+
+            arrays = {k: v for k, v in loadmat(path).items() if not k.startswith("__")}
+        x = arrays[_pick(list(arrays), features_key, FEATURE_KEYS, "features")]
+        extra = {k: arrays[k] for k in ("ids", "paths") if k in arrays}
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        named = {"id": "ids", "path": "paths"}
+        extra = {named[c]: table.column(c).to_numpy() for c in named if c in table.column_names}
+        if "features" in table.column_names or features_key is not None:
+            x = np.stack(table.column(features_key or "features").to_numpy(zero_copy_only=False))
+        else:
+            skip = {*named, *LABEL_KEYS}
+            cols = [c for c in table.column_names if c not in skip]
+            x = np.stack([table.column(c).to_numpy() for c in cols], axis=1)
+    else:
+        raise ValueError(f"{path}: unsupported feature file (use .npy, .npz, .mat or .parquet)")
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"{path}: features must be a 2-D (N, D) matrix, got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{path}: features contain NaN or infinite values")
+    info = SampleInfo()
+    for key in ("ids", "paths"):
+        if key in extra:
+            vals = [str(v).strip() for v in np.asarray(extra[key]).reshape(-1)]
+            if len(vals) != len(x):
+                raise ValueError(f"{path}: {len(x)} feature rows but {len(vals)} {key}")
+            setattr(info, key, [v or None for v in vals])
+    if info.ids and len(set(info.ids)) != len(info.ids):
+        raise ValueError(f"{path}: ids are not unique")
+    return x, info
+
+
+def load_store_features(data: FeatureData, labeled: bool) -> tuple[Any, SampleInfo]:
+    """The domains of a feature-matrix project whose target may be unlabeled."""
+    from eada.data.features import feature_domains, read_feature_file
+    from eada.data.image_tasks import load_feature_task
+    from eada.data.tasks import Task
+
+    if labeled:
+        return load_feature_task(data), SampleInfo()
+    src = read_feature_file(data.source, data.source_labels, data.features_key, data.labels_key)
+    x_t, info = read_unlabeled_features(Path(data.target), data.features_key)
+    placeholder = np.full(len(x_t), src[1].min(), dtype=np.int64)  # class 0, never read
+    parts = {"source": src, "target": (x_t, placeholder)}
+    if data.heldout is not None:
+        parts["heldout"] = read_feature_file(
+            data.heldout, data.heldout_labels, data.features_key, data.labels_key
+        )
+    doms = feature_domains(parts, data.classes, data.normalize)
+    doms["source"].name = data.source.stem
+    doms["target"].name = data.target.stem
+    if "heldout" in doms:
+        doms["heldout"].name = data.heldout.stem if data.heldout else "heldout"
+    return Task(doms["source"], doms["target"], doms.get("heldout")), info
+
+
+# -- the sample_info table ------------------------------------------------------------------
+def record_sample_info(conn: sqlite3.Connection, target_ids: list[int], info: SampleInfo) -> None:
+    """Store the user's ids/paths of the target samples (call inside the init transaction)."""
+    conn.execute(SAMPLE_INFO_SCHEMA)
+    n = len(target_ids)
+    ids = info.ids or [None] * n
+    paths = info.paths or [None] * n
+    rows = [
+        (sid, i, p)
+        for sid, i, p in zip(target_ids, ids, paths, strict=True)
+        if i is not None or p is not None
+    ]
+    conn.executemany(
+        "INSERT INTO sample_info (sample_id, external_id, external_path) VALUES (?, ?, ?)", rows
+    )
+
+
+def sample_info(conn: sqlite3.Connection) -> dict[int, tuple[str | None, str | None]]:
+    """``{sample id: (external id, external path)}`` (empty for stores without the table)."""
+    has = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sample_info'"
+    ).fetchone()
+    if has is None:
+        return {}
+    return {
+        r[0]: (r[1], r[2])
+        for r in conn.execute("SELECT sample_id, external_id, external_path FROM sample_info")
+    }
+
+
+def label_studio_root(roots: list[Path], option: Path | None) -> Path:
+    """The folder Label Studio serves files from: ``option``, else the deepest folder that
+    holds every data root."""
+    import os
+
+    if option is not None:
+        return Path(option).resolve()
+    if not roots:
+        return Path("/")
+    return Path(os.path.commonpath([str(r.resolve()) for r in roots]))
+
+
+def load_project_config(path: str | Path, overrides: list[str]) -> tuple[Any, StoreOptions]:
+    """A project config file: an experiment config plus an optional ``store:`` section.
+    File paths in ``data`` become absolute (relative to the working folder)."""
+    import yaml
+
+    from eada.config import ConfigError, apply_overrides
+    from eada.store.data import build_config
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
+    apply_overrides(raw, overrides)
+    raw, options = split_store_section(raw)
+    if isinstance(raw.get("data"), dict):
+        raw["data"] = absolute_data(raw["data"])
+    return build_config(raw, str(path)), options
