@@ -306,7 +306,7 @@ def test_cli_data_index_and_check(domains: tuple[Path, Path], tmp_path: Path, ca
     assert cli_main(["data", "check", str(out), str(tgt)]) == 0
     assert "OK" in capsys.readouterr().out
     (tgt / "images" / "blue" / "img 0.jpg").write_bytes(b"junk")
-    assert cli_main(["data", "check", str(out), str(tgt)]) == 1
+    assert cli_main(["data", "check", str(out), str(tgt)]) == 2
     assert "unreadable" in capsys.readouterr().out
 
 

@@ -249,6 +249,11 @@ def test_eada_budget_equal_to_pool_selects_everything() -> None:
     assert sorted(sel_r.indices.tolist()) == list(range(13))
     with pytest.raises(BudgetTooLargeError):  # stage 1 keeps only 7
         eada_select(pool, 13, None, alpha1=0.5)
+    # a budget beyond the pool is named as such, not as an alpha1 to raise (it is already 1)
+    # (the round plan asks stage_sizes directly: pool 0 after earlier rounds, alpha1 = 1)
+    for n_pool, budget in ((13, 14), (0, 5)):
+        with pytest.raises(BudgetTooLargeError, match=f"budget {budget} is larger than the unl"):
+            stage_sizes(n_pool, budget, 1.0)
 
 
 def test_eada_alpha1_errors() -> None:

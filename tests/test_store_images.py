@@ -267,9 +267,9 @@ def test_store_options_are_validated(tmp_path: Path, capsys) -> None:
     with pytest.raises(ValueError, match="target"):
         load_project_config(bad, [])
     assert main(["init", "--store", str(tmp_path / "P"), "--config", str(bad)]) == 2
-    assert "store.target: Input should be 'auto', 'labeled' or 'unlabeled'" in _flat(
-        capsys.readouterr().err
-    )
+    err = capsys.readouterr().err
+    assert "store.target: Input should be 'auto', 'labeled' or 'unlabeled'" in _flat(err)
+    assert err.count("\n") == 1  # one line, as every user error
     assert not (tmp_path / "P").exists()
     toy = tmp_path / "t.yaml"
     toy.write_text(yaml.safe_dump({"data": {"kind": "toy"}, "store": {"target": "unlabeled"}}))

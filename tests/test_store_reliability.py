@@ -425,6 +425,15 @@ def test_image_lists_are_confined_to_their_folder(tmp_path: Path, capsys) -> Non
     assert "line 4: ../elsewhere/a/0.png" in err and "line 5:" in err and "line 3" not in err
     assert main([*argv, "--allow-outside-root"]) == 0
     assert "OK" in capsys.readouterr().out
+    # `eada run --dry-run` refuses the list too (it is at hand, and bad), as the run would
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        f"data: {{kind: images, source: {data}, target: {lst}}}\n"
+        "model: {name: backbone, weights: none}\n"
+    )
+    assert main(["run", str(cfg), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "2 image path(s) outside" in err
 
 
 def test_target_lacking_source_classes_is_allowed_and_reported(tmp_path: Path, capsys) -> None:
@@ -445,7 +454,7 @@ def test_target_lacking_source_classes_is_allowed_and_reported(tmp_path: Path, c
     assert task.notes["target_missing_classes"] == ["cup"]
     (tgt / "pan").mkdir()  # a class the source lacks stays an error
     (tgt / "pan" / "0.png").write_bytes((tgt / "mug" / "0.png").read_bytes())
-    assert main(["data", "check", str(src), str(tgt)]) == 1
+    assert main(["data", "check", str(src), str(tgt)]) == 2
     assert "only in target: pan" in " ".join(capsys.readouterr().out.split())
 
 

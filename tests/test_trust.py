@@ -193,6 +193,19 @@ def test_errors_are_one_line_whatever_the_path_length(
     # brackets in a message are text, not markup
     assert main(["report", str(tmp_path / "[bold]x")]) == 2
     assert "[bold]x" in capsys.readouterr().err
+    # YAML syntax errors, in a config file or in a --set value: one line, where, exit 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntrain:\n  epochs: [3\n")
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not valid YAML" in err and "at line 4, column 1" in err
+    assert main(["run", "toy", "--set", "train.epochs=[", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "override 'train.epochs=['" in err and "bug" not in err
+    # a config that does not validate: every problem on the one line, each with its key
+    assert main(["run", "toy", "--set", "optim.lr=inf", "--set", "train.gamma=x", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "optim.lr: " in err and "; train.gamma: " in err
 
 
 def test_scores_from_energies_are_one_blockwise_pass() -> None:

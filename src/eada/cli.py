@@ -111,7 +111,7 @@ def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
     from types import SimpleNamespace
 
     from eada.config import ImageListData
-    from eada.data.images import ImageDataError, load_image_list
+    from eada.data.images import load_image_list
     from eada.data.tasks import load_task
     from eada.train import ActiveDATrainer
 
@@ -121,7 +121,7 @@ def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
             target: Any = load_image_list(d.target, d.root, allow_outside=d.allow_outside_root)
         else:
             target = load_task(cfg.data, cfg.seed).target
-    except (OSError, ImageDataError) as err:
+    except OSError as err:  # missing files; a list that is there but bad is an error (exit 2)
         return None, f"data not at hand ({err}); the round plan is checked when it is"
     task = SimpleNamespace(target=target)
     ActiveDATrainer.make_plan(SimpleNamespace(cfg=cfg, task=task))  # type: ignore[arg-type]

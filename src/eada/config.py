@@ -334,11 +334,18 @@ def parse_config(raw: dict[str, Any], source: str = "config") -> ExperimentConfi
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as err:
-        lines = []
-        for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            lines.append(f"  {where}: {e['msg']}")
-        raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines)) from None
+        raise ConfigError(validation_message(source, err)) from None
+
+
+def validation_message(source: str, err: ValidationError) -> str:
+    """Every problem of a failed validation on one line, each with its key path:
+    ``SOURCE is invalid: train.lr: Input should be a finite number; ...``."""
+    parts = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return " ".join(f"{source} is invalid: {'; '.join(parts)}".split())
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -354,7 +361,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        raise ConfigError(f"{path} is not valid YAML: {yaml_error_line(err)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
     apply_overrides(raw, overrides or [])
@@ -374,5 +381,31 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             if not isinstance(child, dict):
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(value)
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(
+                f"override {item!r}: the value is not valid YAML: {yaml_error_line(err)}"
+            ) from None
     return raw
+
+
+def yaml_error_line(err: yaml.YAMLError) -> str:
+    """A YAML syntax error on one line: what is wrong and where (1-based line and column).
+
+    >>> try:
+    ...     yaml.safe_load("a: b: c")
+    ... except yaml.YAMLError as e:
+    ...     print(yaml_error_line(e))
+    mapping values are not allowed here at line 1, column 5
+    """
+    if not isinstance(err, yaml.MarkedYAMLError):
+        return " ".join(str(err).split())
+
+    def at(mark: Any) -> str:
+        return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+    text = (err.problem or "syntax error") + at(err.problem_mark)
+    if err.context:
+        text += f" ({err.context}{at(err.context_mark)})"
+    return " ".join(text.split())

@@ -3,7 +3,8 @@
 eada data index FOLDER --out LIST.txt [--no-checksums]
     write a ``path label`` list file with a ``# class`` header (+ ``LIST.txt.sha256``)
 eada data check SOURCE TARGET [--root DIR] [--no-decode]
-    validate a source/target pair (folders or list files); exit status 1 on any error
+    validate a source/target pair (folders or list files); exit status 2 on any error
+    (a data problem is the user's to fix, like every other user error)
 """
 
 from __future__ import annotations
@@ -23,17 +24,16 @@ PER_CLASS_TABLE_MAX = 20  # print a per-class table when a task has at most this
 
 def _cmd_index(args: argparse.Namespace) -> int:
     images = index_folder(args.folder, args.out, checksums=not args.no_checksums)
-    Console().print(
+    print(
         f"{args.out}: {len(images)} images, {len(images.classes)} classes"
         + ("" if args.no_checksums else f"; checksums in {args.out}.sha256")
     )
     base = Path(args.out).resolve().parent
     if any(base not in Path(p).resolve().parents for p in images.paths[:1]):
-        Console().print(
+        print(
             f"note: the images lie outside {base}, the folder list paths are confined to: "
             "read this list with --allow-outside-root (data.allow_outside_root: true), or "
-            "write it inside the data folder",
-            highlight=False,
+            "write it inside the data folder"
         )
     return 0
 
@@ -42,8 +42,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     src = load_image_list(args.source, args.root, allow_outside=args.allow_outside_root)
     tgt = load_image_list(args.target, args.root, allow_outside=args.allow_outside_root)
     report = check_pair(src, tgt, decode=not args.no_decode)
-    Console().print(report.format(), highlight=False)
-    return 0 if report.ok else 1
+    # plain print: the report holds paths and brackets that rich would wrap or read as markup
+    print(report.format())
+    return 0 if report.ok else 2
 
 
 def add_data_commands(sub: Any) -> None:

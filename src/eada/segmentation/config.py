@@ -19,7 +19,13 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eada.config import ConfigError, apply_overrides, check_rounds
+from eada.config import (
+    ConfigError,
+    apply_overrides,
+    check_rounds,
+    validation_message,
+    yaml_error_line,
+)
 from eada.strategies import STRATEGIES, check_params
 
 #: image-level scores a segmentation strategy may ask for (no per-image ``(C,)`` energies exist)
@@ -269,11 +275,7 @@ def parse_seg_config(raw: dict[str, Any], source: str = "config") -> SegExperime
     try:
         return SegExperimentConfig.model_validate(raw)
     except ValidationError as err:
-        lines = []
-        for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-            lines.append(f"  {where}: {e['msg']}")
-        raise ConfigError(f"{source} is invalid:\n" + "\n".join(lines)) from None
+        raise ConfigError(validation_message(source, err)) from None
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
@@ -284,7 +286,7 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        raise ConfigError(f"{path} is not valid YAML: {yaml_error_line(err)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
     return raw

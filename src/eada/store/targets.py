@@ -82,8 +82,8 @@ def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptio
     try:
         return raw, StoreOptions.model_validate(section)
     except ValidationError as err:
-        lines = [f"  store.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
-        raise ConfigError("the store section is invalid:\n" + "\n".join(lines)) from None
+        parts = [f"store.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
+        raise ConfigError("the store section is invalid: " + "; ".join(parts)) from None
 
 
 def absolute_config(cfg: Any) -> Any:

@@ -89,15 +89,15 @@ def stage_sizes(
         n1 = min(n1_uncapped, n_pool)  # the pool caps only the slice
     else:
         raise ValueError(f"rule must be 'paper' or 'reference', got {rule!r}")
+    if n2 > n_pool:  # first: no alpha1 helps here
+        raise BudgetTooLargeError(
+            f"budget {n2} is larger than the unlabeled pool ({n_pool} samples)"
+        )
     if n2 > n1:
         raise BudgetTooLargeError(
             f"EADA step 2 must pick {n2} samples but step 1 keeps only {n1} "
             f"(alpha1={alpha1} of {'the pool' if rule == 'paper' else 'the target set'}); "
             "raise alpha1 or lower the budget"
-        )
-    if n2 > n_pool:
-        raise BudgetTooLargeError(
-            f"budget {n2} is larger than the unlabeled pool ({n_pool} samples)"
         )
     return n1, n2
 
