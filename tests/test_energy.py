@@ -14,7 +14,10 @@ import torch.nn.functional as F
 
 from eada.energy import (
     DeltaEstimator,
+    alignment_free_energy,
     alignment_runaway,
+    balanced_free_energy,
+    centered_free_energy,
     energy_from_logits,
     energy_nll,
     free_energy,
@@ -520,3 +523,50 @@ def test_runaway_verdicts_on_the_committed_runs() -> None:
     assert held_out == ["holdout/['train.gamma=0.01']/3", "holdout/['train.gamma=0.01']/4"]
     assert len(fired) == 7 and len(silent) == 19
     assert sorted(k for _, k in fired) == [4, 5, 5, 5, 5, 5, 6]
+
+
+# -- alignment variants (train.alignment) --------------------------------------------------------
+
+
+def test_centered_free_energy_ignores_a_per_sample_shift() -> None:
+    g = torch.Generator().manual_seed(0)
+    e = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    shift = 100 * torch.randn(6, 1, generator=g, dtype=torch.float64)
+    assert torch.allclose(free_energy(e + shift), free_energy(e) + shift[:, 0])
+    assert torch.allclose(centered_free_energy(e + shift), centered_free_energy(e))
+    assert torch.allclose(centered_free_energy(e), free_energy(e) - e.mean(1))
+
+
+@pytest.mark.parametrize("tau", [0.5, 1.0, 2.0])
+def test_centered_free_energy_is_at_most_minus_log_c_over_tau(tau: float) -> None:
+    e = 3 * torch.randn(200, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    bound = -math.log(7) / tau
+    assert (centered_free_energy(e, tau) <= bound + 1e-12).all()
+    flat = torch.zeros(1, 7, dtype=torch.float64)
+    assert centered_free_energy(flat, tau).item() == pytest.approx(bound)
+
+
+def test_alignment_gradients_paper_pushes_the_common_mode_centered_does_not() -> None:
+    e = torch.randn(8, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    for alignment, row_sum in (("paper", 1.0), ("centered", 0.0)):
+        x = e.clone().requires_grad_(True)
+        free_energy_alignment_loss(x, delta=-50.0, reduction="sum", alignment=alignment).backward()
+        assert x.grad is not None
+        assert torch.allclose(x.grad.sum(1), torch.full((8,), row_sum, dtype=torch.float64))
+
+
+def test_alignment_free_energy_unknown_variant() -> None:
+    with pytest.raises(ValueError, match="alignment must be one of paper, centered"):
+        alignment_free_energy(E3, "shifted")
+
+
+def test_balanced_gradient_cannot_move_the_class_marginal_or_the_common_mode() -> None:
+    e = 3 * torch.randn(16, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    x = e.clone().requires_grad_(True)
+    free_energy_alignment_loss(x, delta=-2.0, reduction="sum", alignment="balanced").backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    assert torch.allclose(x.grad.sum(1), torch.zeros(16, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(x.grad.sum(0), torch.zeros(5, dtype=torch.float64), atol=1e-12)
+    shifted = e + torch.randn(1, 5, dtype=torch.float64) + torch.randn(16, 1, dtype=torch.float64)
+    assert torch.allclose(balanced_free_energy(shifted), balanced_free_energy(e))
+    assert (balanced_free_energy(e) <= -math.log(5) + 1e-12).all()

@@ -107,6 +107,26 @@ def _history(deltas: list[float], aligns: list[float]) -> list[dict]:
     ]
 
 
+@pytest.mark.parametrize("alignment", ["paper", "centered", "balanced"])
+def test_centered_alignment_leaves_the_common_mode_alone(alignment: str) -> None:
+    """Under SGD the NLL's gradient has no common-mode part, so the head's mean bias moves only
+    through L_fea: steadily down with the paper's F, not at all with the centred G (nor B)."""
+    extra = [
+        "optim.name=sgd",
+        "optim.momentum=0",
+        "train.gamma=1.0",
+        f"train.alignment={alignment}",
+    ]
+    tr = _trainer("eada", extra=extra)
+    before = float(tr.model.head.bias.detach().mean())
+    tr.run()
+    moved = float(tr.model.head.bias.detach().mean()) - before
+    if alignment == "paper":
+        assert moved < -1e-3
+    else:
+        assert abs(moved) < 1e-5
+
+
 def test_alignment_runaway_is_found_once_and_kept() -> None:
     from eada.train.loop import record_alignment_runaway
 

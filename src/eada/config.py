@@ -171,6 +171,12 @@ class TrainConfig(_Strict):
     definition); the shorter stream restarts with a new shuffle. ``batch_size`` is per process:
     under ``torchrun`` with ``W`` processes a step sees ``W x batch_size`` samples a stream.
 
+    ``alignment``: ``balanced`` (default) compares the shift-invariant free energy
+    ``G = F - mean_y E`` of the target energies taken relative to the batch's class means with
+    the source's running mean of the same quantity; ``centered`` uses ``G`` per sample;
+    ``paper`` the free energy ``F`` itself (paper Eq. 7). See
+    :func:`eada.energy.balanced_free_energy` and :func:`eada.energy.centered_free_energy`.
+
     ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``
     one pass over the concatenated batches with per-stream batch norm (same maths, see
     :mod:`eada.train.forward`). ``amp``: bfloat16 autocast on CUDA (the authors train in fp32:
@@ -198,6 +204,11 @@ class TrainConfig(_Strict):
     forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
     channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
     loaders: Literal["continuous", "per_epoch"] = "continuous"  # see the class docstring
+    # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): G = F - mean_y E of the
+    # energies relative to the batch's class means by default ("balanced"), the per-sample G
+    # ("centered"), or the paper's F (configs that reproduce the paper pin it);
+    # BENCHMARKS.md "Alignment variants"
+    alignment: Literal["paper", "centered", "balanced"] = "balanced"
 
 
 class ActiveConfig(_Strict):

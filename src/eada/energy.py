@@ -26,9 +26,13 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "ALIGNMENTS",
     "AlignmentRunawayWarning",
     "DeltaEstimator",
+    "alignment_free_energy",
     "alignment_runaway",
+    "balanced_free_energy",
+    "centered_free_energy",
     "energy_from_logits",
     "energy_nll",
     "free_energy",
@@ -64,6 +68,105 @@ def free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     if tau <= 0:
         raise ValueError(f"tau must be > 0, got {tau}")
     return -torch.logsumexp(-tau * energies, dim=1) / tau
+
+
+def centered_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """Shift-invariant free energy ``G(x) = F(x) - mean_y E(x, y)``.
+
+    The energy NLL ``E(x, y) - F(x)`` (and so the prediction) does not change when a constant
+    ``c(x)`` is added to all energies of a sample; ``F`` moves by exactly ``c(x)``. So ``F`` is
+    the sum of a *common mode* ``mean_y E(x, y)``, which no supervised term constrains, and
+    ``G``, which depends only on the *shape* ``E(x, .) - mean_y E(x, .)`` the NLL trains.
+    ``G`` is a confidence: ``G <= -log(C) / tau`` (Jensen), with equality for equal energies,
+    and it falls as one class's energy drops below the others. Its gradient
+    ``dG/dE(x, y) = p(y|x) - 1/C`` sums to zero over the classes, so a loss on ``G`` cannot
+    move the common mode (``dF/dE = p(y|x)`` sums to one: every step of a loss on ``F`` pushes
+    the common mode of the energies by the same amount, and nothing pushes back).
+
+    Args:
+        energies: ``(N, C)`` energies.
+        tau: reverse temperature, ``> 0``.
+
+    Returns:
+        ``(N,)`` centred free energies.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0], [10.0, 11.0, 13.0], [2.0, 2.0, 2.0]])
+        >>> free_energy(E)  # rows 1 and 2 differ only by the common mode (+10)
+        tensor([-0.3490,  9.6510,  0.9014])
+        >>> centered_free_energy(E)  # ... which G ignores; row 3 (uniform) sits at -log 3
+        tensor([-1.6823, -1.6823, -1.0986])
+    """
+    return free_energy(energies, tau) - energies.mean(dim=1)
+
+
+def balanced_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """Centred free energy of a batch's energies taken relative to the batch's mean energy of
+    each class: ``B(x_i) = G(E(x_i, .) - mean_j E(x_j, .))`` (:func:`centered_free_energy`).
+
+    ``G`` fixes the per-sample common mode, but a loss that lowers ``G`` on unlabeled samples
+    still sharpens every sample towards the class the model already prefers, and lowering one
+    class's energy on all samples does that for all at once: the classes predicted most grow,
+    the others vanish (measured on Office-Caltech10 SURF webcam->Caltech10, BENCHMARKS.md). Taking
+    each class's energy relative to its batch mean removes that direction: the gradient of
+    ``sum_i B(x_i)`` is ``p~(y|x_i) - mean_j p~(y|x_j)`` (``p~`` = softmax of the recentred
+    energies), which sums to 0 over the classes of a sample AND over the samples of a class, so
+    the loss sharpens each sample relative to the batch but cannot move the batch's class
+    marginal. ``B <= -log(C) / tau`` like ``G``.
+
+    Args:
+        energies: ``(N, C)`` energies of one batch (``N >= 1``; with ``N = 1`` every sample
+            sits at the bound and the loss is flat).
+        tau: reverse temperature, ``> 0``.
+
+    Returns:
+        ``(N,)`` values.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0], [0.0, 3.0, 1.0]])
+        >>> centered_free_energy(E)  # both confident in class 0
+        tensor([-1.6823, -1.6823])
+        >>> balanced_free_energy(E)  # class 0 is every sample's choice: no evidence for it
+        tensor([-1.4076, -1.4076])
+        >>> balanced_free_energy(E + torch.tensor([5.0, 0.0, 0.0]))  # nor against it
+        tensor([-1.4076, -1.4076])
+    """
+    _check_energies(energies)
+    return centered_free_energy(energies - energies.mean(dim=0, keepdim=True), tau)
+
+
+ALIGNMENTS = ("paper", "centered", "balanced")
+"""The alignment variants (``train.alignment``): which free energy ``L_fea`` and ``Delta`` use.
+
+* ``paper``: ``F`` (Eq. 5), as the paper and the authors' code;
+* ``centered``: ``G = F - mean_y E`` (:func:`centered_free_energy`), the shift-invariant part;
+* ``balanced``: ``G`` of the energies taken relative to the batch's class means
+  (:func:`balanced_free_energy`): neither the common mode nor the class marginal can move.
+"""
+
+
+def alignment_free_energy(
+    energies: torch.Tensor, alignment: str = "paper", tau: float = 1.0
+) -> torch.Tensor:
+    """The free energy the alignment loss compares: ``F`` (``"paper"``), the centred ``G``
+    (``"centered"``) or ``G`` relative to the batch's class means (``"balanced"``); see
+    :data:`ALIGNMENTS`.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0]])
+        >>> alignment_free_energy(E, "paper"), alignment_free_energy(E, "centered")
+        (tensor([-0.3490]), tensor([-1.6823]))
+    """
+    if alignment == "paper":
+        return free_energy(energies, tau)
+    if alignment == "centered":
+        return centered_free_energy(energies, tau)
+    if alignment == "balanced":
+        return balanced_free_energy(energies, tau)
+    raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
 
 
 def mvsm(energies: torch.Tensor) -> torch.Tensor:
@@ -120,21 +223,38 @@ def free_energy_alignment_loss(
     delta: float | torch.Tensor,
     tau: float = 1.0,
     reduction: Literal["mean", "sum", "none"] = "mean",
+    alignment: str = "paper",
 ) -> torch.Tensor:
     """Free-energy alignment loss ``L_fea(x) = max(0, F(x) - Delta)`` (paper Eq. 7).
 
     Pulls the free energy of unlabeled target samples down to the source level ``Delta`` (see
-    :class:`DeltaEstimator`); samples already below ``Delta`` cost nothing.
+    :class:`DeltaEstimator`); samples already below ``Delta`` cost nothing. With
+    ``alignment="centered"`` the loss is ``max(0, G(x) - Delta)`` with the shift-invariant
+    ``G = F - mean_y E`` (:func:`centered_free_energy`), and ``Delta`` must then be the running
+    source mean of ``G``: the loss sees only what the NLL sees, so it cannot lower itself by
+    moving the unconstrained common mode of the energies. ``G <= -log(C)/tau``, so each
+    sample's loss is at most ``-log(C)/tau - Delta`` and its gradient norm below 1.
 
     Args:
         energies: ``(N, C)`` energies of unlabeled target samples.
-        delta: the running source free-energy level (no gradient flows into it).
+        delta: the running source level of the same free energy (no gradient flows into it).
         tau: reverse temperature for the free energy.
         reduction: ``"mean"`` (the paper's expectation), ``"sum"`` or ``"none"``.
+        alignment: ``"paper"`` (``F``), ``"centered"`` (``G``) or ``"balanced"`` (``G`` relative
+            to the batch's class means: ``energies`` must then be one batch), see
+            :data:`ALIGNMENTS`.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0], [-50.0, -49.0, -47.0]])
+        >>> free_energy_alignment_loss(E, delta=-1.0, reduction="none")  # shift pays
+        tensor([0.6510, 0.0000])
+        >>> free_energy_alignment_loss(E, delta=-2.0, reduction="none", alignment="centered")
+        tensor([0.3177, 0.3177])
     """
     if isinstance(delta, torch.Tensor):
         delta = delta.detach()
-    per_sample = torch.clamp(free_energy(energies, tau) - delta, min=0.0)
+    per_sample = torch.clamp(alignment_free_energy(energies, alignment, tau) - delta, min=0.0)
     if reduction == "none":
         return per_sample
     return per_sample.sum() if reduction == "sum" else per_sample.mean()

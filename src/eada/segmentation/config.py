@@ -163,6 +163,9 @@ class SegTrainConfig(_Strict):
     eval_every: int = Field(0, ge=0)
     eval_batch_size: int = Field(1, ge=1)
     log_every: int = Field(100, ge=1)
+    # the free energy of L_fea and Delta per pixel (eada.energy.ALIGNMENTS): the paper's F here,
+    # since the centred variant (the classification default) is not measured on segmentation
+    alignment: Literal["paper", "centered", "balanced"] = "paper"
 
 
 Aggregation = Literal["mean", "top_k", "class_balanced"]

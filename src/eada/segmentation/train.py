@@ -287,13 +287,17 @@ class SegActiveTrainer:
         xs, ys = self.source_stream.next()
         e_s = self.model(xs.to(dev))
         loss_s = pixel_nll(e_s, ys.to(dev), t.tau)
-        delta = self.delta.update(energy_ops.free_energy(flatten_pixels(e_s.detach()), t.tau))
+        delta = self.delta.update(
+            energy_ops.alignment_free_energy(flatten_pixels(e_s.detach()), t.alignment, t.tau)
+        )
         loss = t.delta_s * loss_s
         out = {"loss_source": float(loss_s.detach()), "delta": delta, "lr": lr}
         if t.gamma > 0 and len(self.unlabeled_stream):
             xu, _ = self.unlabeled_stream.next()  # ImagesOnly: labels are never read
             e_u = self.model(xu.to(dev))
-            loss_u = energy_ops.free_energy_alignment_loss(flatten_pixels(e_u), delta, t.tau)
+            loss_u = energy_ops.free_energy_alignment_loss(
+                flatten_pixels(e_u), delta, t.tau, alignment=t.alignment
+            )
             loss = loss + t.gamma * loss_u
             out["loss_align"] = float(loss_u.detach())
         if len(self.labeled_stream):

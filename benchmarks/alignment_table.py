@@ -1,0 +1,198 @@
+"""The alignment variants side by side on every in-repo task: `train.alignment` paper vs centered.
+
+Collects final target accuracies (whole target set, last epoch) from the committed run records
+and the new runs under ``benchmarks/results/alignment`` and writes
+``benchmarks/results/alignment/summary.json`` plus a Markdown table (stdout):
+
+* toy, Office-Caltech10 SURF (12 tasks): everything from ``benchmarks/results/alignment``
+  (``toy/``, ``surf/<S>-<T>/``); SURF Random, and SURF EADA-paper where it was not re-run
+  here, from the committed ``benchmarks/results/caltech_surf.json`` (EADA-paper re-run on
+  C->A, C->W, C->D reproduces those numbers exactly);
+* digits (3 tasks), Office-31 frozen Lite0 (2 tasks): Random, the baselines, ``eada``
+  (which ran with the paper's alignment) and ``eada_no_fea`` from the committed grids
+  ``bench_digits`` / ``bench_office31``; EADA centred from ``alignment/digits``,
+  ``alignment/office31`` (digits seeds that ran in other lanes: ``alignment/digits_seed1``,
+  ``alignment/digits_seed2``).
+
+A cell lists its seeds; one with fewer than 3 seeds is marked. Nothing is trained here.
+
+Usage (repository root): ``python benchmarks/alignment_table.py``
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from eada.hparams import METHOD_LABELS
+from eada.runs import write_json
+
+R = Path("benchmarks/results")
+A = R / "alignment"
+BASELINES = [
+    "entropy",
+    "margin",
+    "least_confidence",
+    "coreset",
+    "badge",
+    "waal",
+    "aada",
+    "dbal",
+    "tqs",
+    "clue",
+]
+SURF = ["C-A", "C-W", "C-D", "A-C", "A-W", "A-D", "W-C", "W-A", "W-D", "D-C", "D-A", "D-W"]
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _row(rec: dict[str, Any]) -> str | None:
+    """The row a bench record belongs to (None: not one of this table's rows)."""
+    m, var = rec["method"], rec["variant"]
+    if m == "eada":
+        if not var:
+            return None
+        return "eada_" + var[0].removeprefix("train.alignment=")
+    return m if not var else None
+
+
+def collect() -> dict[str, dict[str, dict[int, float]]]:
+    """task -> row -> seed -> accuracy."""
+    cells: dict[str, dict[str, dict[int, float]]] = {}
+
+    def add(task: str, row: str, seed: int, acc: float) -> None:
+        cells.setdefault(task, {}).setdefault(row, {})[seed] = acc
+
+    for rec in _lines(A / "toy" / "runs.jsonl"):
+        if (row := _row(rec)) is not None:
+            add("toy", row, rec["seed"], rec["final"]["target/accuracy"])
+    committed = [
+        (R / "bench_digits" / "runs.jsonl", sorted(A.glob("digits*/runs.jsonl"))),
+        (R / "bench_office31" / "runs.jsonl", [A / "office31" / "runs.jsonl"]),
+    ]
+    for old, news in committed:
+        for rec in _lines(old):
+            if rec["variant"]:
+                continue
+            row = "eada_paper" if rec["method"] == "eada" else rec["method"]
+            add(_task_name(rec["task"]), row, rec["seed"], rec["final"]["target/accuracy"])
+        for rec in (r for new in news for r in _lines(new)):
+            if (row := _row(rec)) is not None:
+                add(_task_name(rec["task"]), row, rec["seed"], rec["final"]["target/accuracy"])
+    surf_old = R / "caltech_surf.json"
+    old = json.loads(surf_old.read_text())["tasks"] if surf_old.is_file() else {}
+    for pair in SURF:
+        task = f"SURF {pair.replace('-', '->')}"
+        for rec in _lines(A / "surf" / pair / "runs.jsonl"):
+            if (row := _row(rec)) is not None:
+                add(task, row, rec["seed"], rec["final"]["target/accuracy"])
+        prev = old.get(pair.replace("-", "->"), {})
+        for method, row in (("random", "random"), ("eada", "eada_paper")):
+            if method in prev and row not in cells.get(task, {}):
+                values = prev[method]["final"]["last_epoch/target/accuracy"]["values"]
+                for seed, acc in zip(prev[method]["seeds"], values, strict=True):
+                    add(task, row, seed, acc)
+    return cells
+
+
+def _task_name(task: str) -> str:
+    names = {
+        "digits/mnist-usps": "MNIST->USPS",
+        "digits/usps-mnist": "USPS->MNIST",
+        "digits/mnist-mnistm": "MNIST->MNIST-M",
+        "configs/office31_amazon_subset_webcam_lite0_frozen.yaml": "Office-31 A(sub)->W",
+        "configs/office31_webcam_amazon_subset_lite0_frozen.yaml": "Office-31 W->A(sub)",
+    }
+    return names.get(task, task)
+
+
+def summarize(cells: dict[str, dict[str, dict[int, float]]]) -> dict[str, Any]:
+    """Mean, std and seeds per cell; the best baseline per task; the differences that the
+    acceptance criterion names (centred - no_fea, centred - paper)."""
+    out: dict[str, Any] = {}
+    for task, rows in cells.items():
+        stats = {
+            row: {
+                "seeds": sorted(v),
+                "values": [v[s] for s in sorted(v)],
+                "mean": statistics.fmean(v.values()),
+                "std": statistics.stdev(v.values()) if len(v) > 1 else 0.0,
+            }
+            for row, v in rows.items()
+        }
+        base = [b for b in BASELINES if b in stats]
+        best = max(base, key=lambda b: stats[b]["mean"]) if base else None
+        entry: dict[str, Any] = {"rows": stats, "best_baseline": best}
+        n = stats.get("eada_no_fea")
+        for variant in ("paper", "centered", "balanced"):
+            v = stats.get(f"eada_{variant}")
+            if v and n:
+                entry[f"{variant}_minus_no_fea"] = v["mean"] - n["mean"]
+        out[task] = entry
+    return out
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """One row a task."""
+    head = [
+        "task",
+        "Random",
+        "best baseline",
+        "EADA w/o L_fea",
+        "EADA paper",
+        "EADA centered",
+        "EADA balanced",
+        "paper - w/o L_fea",
+        "centered - w/o L_fea",
+        "balanced - w/o L_fea",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def cell(st: dict[str, Any] | None) -> str:
+        if st is None:
+            return "missing"
+        mark = "" if len(st["seeds"]) >= 3 else f" (seeds {st['seeds']})"
+        return f"{st['mean']:.1f} ± {st['std']:.1f}{mark}"
+
+    for task, e in summary.items():
+        rows = e["rows"]
+        best = e["best_baseline"]
+        best_cell = f"{cell(rows[best])} ({METHOD_LABELS[best]})" if best else "not run"
+        keys = ("paper_minus_no_fea", "centered_minus_no_fea", "balanced_minus_no_fea")
+        diff = [f"{e[k]:+.1f}" if k in e else "–" for k in keys]
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    task,
+                    cell(rows.get("random")),
+                    best_cell,
+                    cell(rows.get("eada_no_fea")),
+                    cell(rows.get("eada_paper")),
+                    cell(rows.get("eada_centered")),
+                    cell(rows.get("eada_balanced")),
+                    *diff,
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    """Write the summary JSON and print the table."""
+    summary = summarize(collect())
+    write_json(A / "summary.json", summary)
+    print(markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
