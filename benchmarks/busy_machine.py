@@ -17,7 +17,9 @@ Cases (small on purpose; the names are the table's):
   train.epochs=2 --set active.rounds_at=[1]``;
 * ``toy-grid``: ``eada bench toy --methods random,entropy,margin,eada --seeds 0-3`` (16 small
   runs: the throughput of ``--jobs 2`` against one process);
-* with ``--jobs`` also the two grids with ``--jobs 2`` for versions that have it.
+* with ``--jobs`` also the grids with ``--jobs 2`` for versions that have it, and
+  ``toy-grid-48`` (the toy grid on seeds 0-11, 48 runs) in one process and with ``--jobs 2``;
+* ``--no-neighbour``: no busy neighbour (the throughput of ``--jobs`` on an idle machine).
 
     python benchmarks/busy_machine.py --code before=/tmp/old_tree --code after=. \\
         --cache-dir /tmp/cache --out benchmarks/results/busy_machine.json
@@ -45,6 +47,7 @@ def cases(cache_dir: str, jobs: bool) -> dict[str, list[str]]:
     digits = ["bench", "digits/mnist-usps", "--methods", "random,eada", "--seeds", "0"]
     digits += ["--set", "train.epochs=2", "--set", "active.rounds_at=[1]"]
     toy = ["bench", "toy", "--methods", "random,entropy,margin,eada", "--seeds", "0-3"]
+    toy48 = ["bench", "toy", "--methods", "random,entropy,margin,eada", "--seeds", "0-11"]
     out = {
         "demo": ["demo", "--out", "{out}"],
         "demo --seeds 1": ["demo", "--seeds", "1", "--out", "{out}"],
@@ -54,6 +57,8 @@ def cases(cache_dir: str, jobs: bool) -> dict[str, list[str]]:
     }
     if jobs:
         out["toy-grid --jobs 2"] = [*toy, "--out", "{out}", "--jobs", "2"]
+        out["toy-grid-48"] = [*toy48, "--out", "{out}"]
+        out["toy-grid-48 --jobs 2"] = [*toy48, "--out", "{out}", "--jobs", "2"]
         out["office31-frozen --jobs 2"] = [*office, "--out", "{out}", "--jobs", "2"]
         out["digits --jobs 2"] = [*digits, "--out", "{out}", "--jobs", "2"]
     return out
@@ -88,19 +93,27 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--jobs", action="store_true", help="also the grids with --jobs 2 (after)")
     p.add_argument("--only", default=None, help="case names, separated by ';'")
+    p.add_argument(
+        "--no-neighbour", action="store_true", help="no busy neighbour (an idle machine)"
+    )
     p.add_argument("--out", required=True)
     a = p.parse_args()
     trees = {}
     for item in a.code:
         label, _, tree = item.partition("=")
         trees[label] = (Path(tree).resolve() / "src").resolve()
-    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = ["-c", "while True: pass"]
+    neighbour = subprocess.Popen([sys.executable, *(["-c", "pass"] if a.no_neighbour else busy)])
     results: list[dict[str, Any]] = []
 
     def save() -> None:  # after every command: a run cut short keeps what it measured
         out = {
-            "what": "wall time (s) of each command, default thread settings, a busy neighbour "
-            "(one pure-Python loop process) running",
+            "what": "wall time (s) of each command, default thread settings, "
+            + (
+                "no busy neighbour"
+                if a.no_neighbour
+                else "a busy neighbour (one pure-Python loop process) running"
+            ),
             "cases": {k: " ".join(["eada", *v]) for k, v in cases(a.cache_dir, a.jobs).items()},
             "code": {k: str(v) for k, v in trees.items()},
             "results": results,

@@ -421,7 +421,7 @@ def _run_parallel(
     resumes as a sequential one does. A failing run stops the grid with its error once the
     runs already started have finished."""
     import multiprocessing
-    from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
     saved = {k: os.environ.get(k) for k in names}
@@ -439,7 +439,7 @@ def _run_parallel(
                 n = min(jobs, len(todo))
                 progress(f"{len(todo)} runs in {n} processes, {threads} thread(s) each")
             while pending:
-                finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)  # progress per run
                 for fut in finished:
                     run = pending.pop(fut)
                     err = fut.exception()
