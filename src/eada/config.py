@@ -366,6 +366,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         path: the config file.
         overrides: e.g. ``["train.epochs=3", "active.strategy=random"]``; values are parsed as YAML.
     """
+    raw = read_yaml_mapping(path)
+    apply_overrides(raw, overrides or [])
+    return parse_config(raw, str(path))
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The top-level mapping of a YAML config file, or a :class:`ConfigError` on one line."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -375,8 +382,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Experim
         raise ConfigError(f"{path} is not valid YAML: {yaml_error_line(err)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
-    apply_overrides(raw, overrides or [])
-    return parse_config(raw, str(path))
+    return raw
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

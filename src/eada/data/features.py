@@ -112,6 +112,17 @@ def read_feature_file(
     return x, y.astype(np.int64)
 
 
+def read_array_file(path: Path) -> dict[str, np.ndarray]:
+    """The named arrays of a ``.npz`` (no pickles) or ``.mat`` file (MATLAB's ``__`` headers
+    left out)."""
+    if path.suffix.lower() == ".npz":
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    from scipy.io import loadmat
+
+    return {k: v for k, v in loadmat(path).items() if not k.startswith("__")}
+
+
 def _read_arrays(
     path: Path, labels: str | Path | None, features_key: str | None, labels_key: str | None
 ) -> tuple[Any, Any, str, str]:
@@ -124,13 +135,7 @@ def _read_arrays(
         if labels is None:
             raise ValueError(f"{path}: a .npy feature file needs a separate labels file")
     elif suffix in (".npz", ".mat"):
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        else:
-            from scipy.io import loadmat
-
-            arrays = {k: v for k, v in loadmat(path).items() if not k.startswith("__")}
+        arrays = read_array_file(path)
         fkey = _pick(list(arrays), features_key, FEATURE_KEYS, "features")
         x = arrays[fkey]
         if labels is None:

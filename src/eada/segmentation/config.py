@@ -23,8 +23,8 @@ from eada.config import (
     ConfigError,
     apply_overrides,
     check_rounds,
+    read_yaml_mapping,
     validation_message,
-    yaml_error_line,
 )
 from eada.strategies import STRATEGIES, check_params
 
@@ -276,20 +276,6 @@ def parse_seg_config(raw: dict[str, Any], source: str = "config") -> SegExperime
         return SegExperimentConfig.model_validate(raw)
     except ValidationError as err:
         raise ConfigError(validation_message(source, err)) from None
-
-
-def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """The top-level mapping of a YAML config file, or a :class:`ConfigError`."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {yaml_error_line(err)}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
-    return raw
 
 
 def is_segmentation_config(path: str | Path) -> bool:

@@ -316,7 +316,7 @@ def read_unlabeled_features(
 ) -> tuple[np.ndarray, SampleInfo]:
     """Features ``(N, D)`` of an unlabeled feature file and its optional ``ids``/``paths``
     (``.npz``/``.mat`` arrays, ``.parquet`` columns ``id``/``path``)."""
-    from eada.data.features import FEATURE_KEYS, LABEL_KEYS, _pick
+    from eada.data.features import FEATURE_KEYS, LABEL_KEYS, _pick, read_array_file
 
     if not path.is_file():
         raise FileNotFoundError(f"feature file not found: {path}")
@@ -325,13 +325,7 @@ def read_unlabeled_features(
     if suffix == ".npy":
         x = np.load(path, allow_pickle=False)
     elif suffix in (".npz", ".mat"):
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        else:
-            from scipy.io import loadmat
-
-            arrays = {k: v for k, v in loadmat(path).items() if not k.startswith("__")}
+        arrays = read_array_file(path)
         x = arrays[_pick(list(arrays), features_key, FEATURE_KEYS, "features")]
         extra = {k: arrays[k] for k in ("ids", "paths") if k in arrays}
     elif suffix == ".parquet":
@@ -434,20 +428,11 @@ def label_studio_root(roots: list[Path], option: Path | None) -> Path:
 def load_project_config(path: str | Path, overrides: list[str]) -> tuple[Any, StoreOptions]:
     """A project config file: an experiment config plus an optional ``store:`` section.
     File paths in ``data`` become absolute (relative to the working folder)."""
-    import yaml
-
-    from eada.config import ConfigError, apply_overrides
+    from eada.config import apply_overrides, read_yaml_mapping
     from eada.store.data import build_config
 
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
+    raw = read_yaml_mapping(path)
     apply_overrides(raw, overrides)
     raw, options = split_store_section(raw)
     if isinstance(raw.get("data"), dict):
