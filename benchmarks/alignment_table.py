@@ -1,4 +1,5 @@
-"""The alignment variants side by side on every in-repo task: `train.alignment` paper vs centered.
+"""The alignment variants side by side on every in-repo task: `train.alignment` paper, centered,
+balanced.
 
 Collects final target accuracies (whole target set, last epoch) from the committed run records
 and the new runs under ``benchmarks/results/alignment`` and writes
@@ -10,7 +11,7 @@ and the new runs under ``benchmarks/results/alignment`` and writes
   C->A, C->W, C->D reproduces those numbers exactly);
 * digits (3 tasks), Office-31 frozen Lite0 (2 tasks): Random, the baselines, ``eada``
   (which ran with the paper's alignment) and ``eada_no_fea`` from the committed grids
-  ``bench_digits`` / ``bench_office31``; EADA centred from ``alignment/digits``,
+  ``bench_digits`` / ``bench_office31``; EADA centred and balanced from ``alignment/digits``,
   ``alignment/office31`` (digits seeds that ran in other lanes: ``alignment/digits_seed1``,
   ``alignment/digits_seed2``).
 
@@ -114,8 +115,8 @@ def _task_name(task: str) -> str:
 
 
 def summarize(cells: dict[str, dict[str, dict[int, float]]]) -> dict[str, Any]:
-    """Mean, std and seeds per cell; the best baseline per task; the differences that the
-    acceptance criterion names (centred - no_fea, centred - paper)."""
+    """Mean, std and seeds per cell; the best baseline per task; each variant's difference to
+    ``eada_no_fea``, the acceptance criterion's reference (paper, centred, balanced - no_fea)."""
     out: dict[str, Any] = {}
     for task, rows in cells.items():
         stats = {

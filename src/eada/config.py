@@ -174,7 +174,7 @@ class TrainConfig(_Strict):
     ``alignment``: ``balanced`` (default) compares the shift-invariant free energy
     ``G = F - mean_y E`` of the target energies taken relative to the batch's class means with
     the source's running mean of the same quantity; ``centered`` uses ``G`` per sample;
-    ``paper`` the free energy ``F`` itself (paper Eq. 7). See
+    ``paper`` the free energy ``F`` itself (paper Eq. 5). See
     :func:`eada.energy.balanced_free_energy` and :func:`eada.energy.centered_free_energy`.
 
     ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``

@@ -79,8 +79,9 @@ def centered_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tens
     ``G``, which depends only on the *shape* ``E(x, .) - mean_y E(x, .)`` the NLL trains.
     ``G`` is a confidence: ``G <= -log(C) / tau`` (Jensen), with equality for equal energies,
     and it falls as one class's energy drops below the others. Its gradient
-    ``dG/dE(x, y) = p(y|x) - 1/C`` sums to zero over the classes, so a loss on ``G`` cannot
-    move the common mode (``dF/dE = p(y|x)`` sums to one: every step of a loss on ``F`` pushes
+    ``dG/dE(x, y) = p(y|x) - 1/C`` sums to zero over the classes, so a loss on ``G`` gives the
+    common mode no gradient (it can still move as a side effect of shared weights, but ``G``
+    does not depend on it; ``dF/dE = p(y|x)`` sums to one: every step of a loss on ``F`` pushes
     the common mode of the energies by the same amount, and nothing pushes back).
 
     Args:
@@ -112,8 +113,9 @@ def balanced_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tens
     each class's energy relative to its batch mean removes that direction: the gradient of
     ``sum_i B(x_i)`` is ``p~(y|x_i) - mean_j p~(y|x_j)`` (``p~`` = softmax of the recentred
     energies), which sums to 0 over the classes of a sample AND over the samples of a class, so
-    the loss sharpens each sample relative to the batch but cannot move the batch's class
-    marginal. ``B <= -log(C) / tau`` like ``G``.
+    the loss sharpens each sample relative to the batch but gives the batch's class means (and
+    so its class marginal) no gradient; they can still move as a side effect of shared weights.
+    ``B <= -log(C) / tau`` like ``G``.
 
     Args:
         energies: ``(N, C)`` energies of one batch (``N >= 1``; with ``N = 1`` every sample
@@ -143,7 +145,7 @@ ALIGNMENTS = ("paper", "centered", "balanced")
 * ``paper``: ``F`` (Eq. 5), as the paper and the authors' code;
 * ``centered``: ``G = F - mean_y E`` (:func:`centered_free_energy`), the shift-invariant part;
 * ``balanced``: ``G`` of the energies taken relative to the batch's class means
-  (:func:`balanced_free_energy`): neither the common mode nor the class marginal can move.
+  (:func:`balanced_free_energy`): neither the common mode nor the class marginal gets a gradient.
 """
 
 
@@ -170,7 +172,7 @@ def alignment_free_energy(
 
 
 def mvsm(energies: torch.Tensor) -> torch.Tensor:
-    """Min-versus-Second-Min uncertainty ``U(x) = E(x, y*) - E(x, y')`` (paper Eq. 9).
+    """Min-versus-Second-Min uncertainty ``U(x) = E(x, y*) - E(x, y')`` (paper Eq. 10).
 
     ``y*`` is the class of lowest energy and ``y'`` the second lowest, so ``U <= 0``; values
     closest to 0 are the most uncertain. Selection keeps the *highest* ``U``.
@@ -225,15 +227,16 @@ def free_energy_alignment_loss(
     reduction: Literal["mean", "sum", "none"] = "mean",
     alignment: str = "paper",
 ) -> torch.Tensor:
-    """Free-energy alignment loss ``L_fea(x) = max(0, F(x) - Delta)`` (paper Eq. 7).
+    """Free-energy alignment loss ``L_fea(x) = max(0, F(x) - Delta)`` (paper Eq. 8).
 
     Pulls the free energy of unlabeled target samples down to the source level ``Delta`` (see
     :class:`DeltaEstimator`); samples already below ``Delta`` cost nothing. With
     ``alignment="centered"`` the loss is ``max(0, G(x) - Delta)`` with the shift-invariant
     ``G = F - mean_y E`` (:func:`centered_free_energy`), and ``Delta`` must then be the running
     source mean of ``G``: the loss sees only what the NLL sees, so it cannot lower itself by
-    moving the unconstrained common mode of the energies. ``G <= -log(C)/tau``, so each
-    sample's loss is at most ``-log(C)/tau - Delta`` and its gradient norm below 1.
+    moving the unconstrained common mode of the energies (it gives that mode no gradient).
+    ``G <= -log(C)/tau``, so each sample's loss is at most ``-log(C)/tau - Delta`` and its
+    gradient norm below 1.
 
     Args:
         energies: ``(N, C)`` energies of unlabeled target samples.
