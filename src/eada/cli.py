@@ -258,15 +258,17 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+def add_threads_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
     """``--threads N``: the thread count of torch and of the BLAS/OpenMP selection code
-    (:mod:`eada.threads`; default: OMP_NUM_THREADS, else 1 for a small model)."""
+    (:mod:`eada.threads`; default: OMP_NUM_THREADS, else 1 for a small model); ``help``
+    replaces the help text."""
     parser.add_argument(
         "--threads",
         type=int,
         default=None,
         metavar="N",
-        help="threads for torch and the selection code (default: OMP_NUM_THREADS if set, else "
+        help=help
+        or "threads for torch and the selection code (default: OMP_NUM_THREADS if set, else "
         "1 for a small model and all cores for a large one); recorded in meta.json",
     )
 
