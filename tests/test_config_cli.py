@@ -253,3 +253,23 @@ def test_alignment_option_default_and_paper_pins(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"data": {"kind": "toy"}, "train": {"alignment": "shifted"}}))
     with pytest.raises(ConfigError, match=r"train\.alignment"):
         load_config(path)
+
+
+def test_closed_stdout_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`eada config show toy | head -1`: the reader gone is no 'bug in eada' message."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eada.cli", "config", "show", "toy"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child writes anything (it imports first): every write fails
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "bug" not in err and "Traceback" not in err and "BrokenPipe" not in err, err

@@ -15,6 +15,7 @@ from eada.config import load_config, parse_config
 from eada.data import image_tasks
 from eada.data.features import read_feature_file
 from eada.data.tasks import load_task
+from eada.threads import requested_threads, set_threads
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 OFFICE = SHARED_DATA / "office31"
@@ -65,6 +66,8 @@ def test_features_npz_and_parquet_match_the_frozen_mode(
     assert main(["data", "features", str(office_config), "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "extracting features: 6 samples" in err and "6/6 (100%)" in err  # plain log lines
+    assert "features of the source domain 'amazon' (6 images) ..." in err  # which domain
+    assert "features of the target domain 'webcam' (6 images): extracted in" in err
     assert decoded == [12]  # the check decoded each image once; extraction then read them
 
     with np.load(tmp_path / "feats" / "office_source.npz") as z:
@@ -90,7 +93,15 @@ def test_features_npz_and_parquet_match_the_frozen_mode(
 
     pq_out = tmp_path / "pq" / "office.parquet"
     pytest.importorskip("pyarrow")
-    assert main(["data", "features", str(office_config), "--out", str(pq_out)]) == 0
+    try:
+        assert (
+            main(["data", "features", str(office_config), "--out", str(pq_out), "--threads", "1"])
+            == 0
+        )
+        assert requested_threads() == 1  # --threads reaches the extraction's process
+    finally:
+        set_threads(None)
+    assert "read from the cache" in capsys.readouterr().err
     x, y = read_feature_file(tmp_path / "pq" / "office_target.parquet")
     with np.load(tmp_path / "feats" / "office_target.npz") as z:
         assert np.array_equal(x, z["features"]) and y.tolist() == z["labels"].tolist()

@@ -702,7 +702,7 @@ def add_parser(sub: Any) -> None:
         "the tasks to tabulate, default all in OUT)",
     )
     b.add_argument("--methods", default="source_only,random,eada", help="comma-separated methods")
-    b.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-2 (default)")
+    b.add_argument("--seeds", default="0-2", help="seeds, e.g. 0-4 or 0,1,2 (default 0-2)")
     b.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override (every run)"
     )

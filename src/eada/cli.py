@@ -258,15 +258,17 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+def add_threads_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
     """``--threads N``: the thread count of torch and of the BLAS/OpenMP selection code
-    (:mod:`eada.threads`; default: OMP_NUM_THREADS, else 1 for a small model)."""
+    (:mod:`eada.threads`; default: OMP_NUM_THREADS, else 1 for a small model); ``help``
+    replaces the help text."""
     parser.add_argument(
         "--threads",
         type=int,
         default=None,
         metavar="N",
-        help="threads for torch and the selection code (default: OMP_NUM_THREADS if set, else "
+        help=help
+        or "threads for torch and the selection code (default: OMP_NUM_THREADS if set, else "
         "1 for a small model and all cores for a large one); recorded in meta.json",
     )
 
@@ -342,6 +344,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit raises no second BrokenPipeError."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test's stream)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``eada`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -357,8 +370,12 @@ def main(argv: list[str] | None = None) -> int:
 
             set_threads(args.threads)
         code: Any = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `eada ... | head` closed stdout: stop quietly, as a shell tool does
+        _silence_stdout()
+        return 141
     except Exception as err:  # one clear line (exit 2), or a bug: traceback to a log (exit 1)
         from eada.errors import report_error
 

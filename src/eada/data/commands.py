@@ -64,7 +64,7 @@ def _cmd_features(args: argparse.Namespace) -> int:
 
 
 def add_data_commands(sub: Any) -> None:
-    """Register ``eada data index`` and ``eada data check`` on the ``eada`` subparsers."""
+    """Register ``eada data index``, ``check`` and ``features`` on the ``eada`` subparsers."""
     d = sub.add_parser(
         "data", help="image data: index a folder, check a pair, export backbone features"
     )
@@ -99,6 +99,11 @@ def add_data_commands(sub: Any) -> None:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key"
     )
     f.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    from eada.cli import add_threads_argument
+
+    add_threads_argument(  # eada.cli.main applies it
+        f, "torch threads of the extraction (default: OMP_NUM_THREADS if set, else all cores)"
+    )
     f.set_defaults(func=_cmd_features)
 
 

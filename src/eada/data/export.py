@@ -21,6 +21,7 @@ frozen-backbone configs (``linear`` + ``bottleneck_dim: 256``, :data:`FEATURE_MO
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,11 @@ def write_feature_file(
     return path
 
 
+def _say(line: str) -> None:
+    """A plain progress line on stderr (naming the domain before and after its extraction)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def export_features(cfg: ExperimentConfig, out: Path, device: str = "cpu") -> dict[str, Path]:
     """Extract (or read from the feature cache) every domain's backbone features of the image
     config ``cfg`` and write them, plus the matching features config; returns the paths
@@ -108,7 +114,7 @@ def export_features(cfg: ExperimentConfig, out: Path, device: str = "cpu") -> di
     output_paths(out, [])  # check the name before any work
     model = cfg.model.model_copy(update={"freeze_backbone": True})
     lists, _ = checked_image_lists(cfg.data, cached_feature_domains(cfg.data, model))
-    domains, notes = image_domains(cfg.data, model, lists, device)
+    domains, notes = image_domains(cfg.data, model, lists, device, _say)
     feats = {role: d.x for role, d in domains.items()}
     files = output_paths(out, list(lists))
     out.parent.mkdir(parents=True, exist_ok=True)
