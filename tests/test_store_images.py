@@ -295,18 +295,6 @@ def test_store_options_are_validated(tmp_path: Path, capsys) -> None:
     assert StoreOptions().target == "auto"
 
 
-def tiny_backbone() -> tuple[torch.nn.Module, int]:
-    """A user factory: a small conv net producing 8-d features."""
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, stride=2),
-        torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1),
-        torch.nn.Flatten(),
-    )
-    return net, 8
-
-
 @pytest.mark.parametrize("kind", ["lite0-finetuned", "factory-frozen", "factory-finetuned"])
 def test_backbones_in_the_store(tmp_path: Path, office, monkeypatch, kind: str) -> None:
     """The backbones `eada run` takes work in the store, fine-tuned or frozen: a round of
@@ -315,7 +303,7 @@ def test_backbones_in_the_store(tmp_path: Path, office, monkeypatch, kind: str) 
     small = {"resize": 72, "crop": 64, "test_resize": 72, "jitter": None}
     cfg, options = load_project_config(_config(tmp_path, office, transforms=small), [])
     if kind.startswith("factory"):
-        model = {"factory": "test_store_images:tiny_backbone", "weights": "none"}
+        model = {"factory": "test_images:tiny_backbone", "weights": "none"}
     else:
         model = {"backbone": "efficientnet_lite0", "weights": "pretrained"}
     model["freeze_backbone"] = kind.endswith("frozen")

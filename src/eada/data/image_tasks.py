@@ -10,6 +10,7 @@ once; all unreadable or missing images are reported together, and the run stops 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from eada.config import FeatureData, ImageListData, ModelConfig
@@ -91,11 +92,32 @@ def checked_image_lists(
             report.errors.append("heldout and target class names differ")
     if not report.ok:
         raise ImageDataError("image data check failed:\n" + report.format())
+    lists, bad = drop_bad_images(lists, cfg.skip_bad_images, decoded)
+    if bad:
+        for role in ("source", "target"):
+            if not lists[role].paths:
+                raise ImageDataError(f"{role}: no readable images left after skipping")
+    return lists, {str(p): r for p, r in sorted(bad.items())}
+
+
+def drop_bad_images(
+    lists: dict[str, ImageList],
+    skip: bool,
+    decoded: Callable[[str, ImageList], bool] | None = None,
+) -> tuple[dict[str, ImageList], dict[Path, str]]:
+    """Decode every image of ``lists`` (but the domains ``decoded(role, images)`` vouches
+    for) and return the lists without the missing/unreadable ones, and those (``{path:
+    reason}``).
+
+    Raises:
+        ImageDataError: any missing/unreadable image unless ``skip``
+            (``data.skip_bad_images``), every one listed.
+    """
     paths = sorted(
         {p for r, il in lists.items() if decoded is None or not decoded(r, il) for p in il.paths}
     )
     bad = find_bad_images(paths)
-    if bad and not cfg.skip_bad_images:
+    if bad and not skip:
         listing = "\n  ".join(f"{p}: {r}" for p, r in sorted(bad.items()))
         raise ImageDataError(
             f"{len(bad)} image(s) missing or unreadable (set data.skip_bad_images: true to "
@@ -103,10 +125,7 @@ def checked_image_lists(
         )
     if bad:
         lists = {k: v.drop(set(bad)) for k, v in lists.items()}
-        for role in ("source", "target"):
-            if not lists[role].paths:
-                raise ImageDataError(f"{role}: no readable images left after skipping")
-    return lists, {str(p): r for p, r in sorted(bad.items())}
+    return lists, bad
 
 
 def load_image_task(

@@ -588,6 +588,11 @@ def build_report(
         )
     for task in inp.tasks:
         parts.append(_task_section(inp, task, figs, data))
+    return write_html(out, title, parts)
+
+
+def write_html(out: Path, title: str, parts: list[str]) -> Path:
+    """Write one self-contained page (the report CSS inline) of ``parts`` to ``out``."""
     doc = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from eada.reports.figures_runs import PALETTE, plot_image_grid
-from eada.reports.html import CSS, _e, _Figures, _table
+from eada.reports.html import _e, _Figures, _table, write_html
 from eada.store.unlabeled import QUERIED_NOTE
 
 THUMB = 160  # pixels of the square the images are decoded into
@@ -219,13 +219,6 @@ def build_project_report(folder: Path, out: Path | None = None, per_round: int =
     config = json.dumps(project.store.get_json("config"), indent=1)
     parts.append(f"<details><summary>config</summary><pre>{_e(config)}</pre></details>")
     out = Path(out) if out is not None else Path(folder) / "report.html"
-    doc = (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>eada project {_e(name)}</title><style>{CSS}</style></head><body>"
-        + "".join(parts)
-        + "</body></html>\n"
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(doc, encoding="utf-8")
+    write_html(out, f"eada project {name}", parts)
     project.close()
     return out

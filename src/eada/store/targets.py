@@ -259,8 +259,7 @@ def load_store_images(
 
     Every image is decoded once before anything else; all missing or unreadable ones are
     listed in one error (``data.skip_bad_images: true`` drops them)."""
-    from eada.data.image_tasks import image_domains
-    from eada.data.images import find_bad_images
+    from eada.data.image_tasks import drop_bad_images, image_domains
     from eada.data.tasks import Task
 
     source = load_image_list(data.source, data.root)
@@ -272,17 +271,10 @@ def load_store_images(
     lists = {"source": source, "target": target}
     if data.heldout is not None:
         lists["heldout"] = labeled_heldout(Path(data.heldout), source.classes, data.root)
-    bad = find_bad_images(sorted({p for il in lists.values() for p in il.paths}))
-    if bad and not data.skip_bad_images:
-        listing = "\n  ".join(f"{p}: {r}" for p, r in sorted(bad.items()))
-        raise ImageDataError(
-            f"{len(bad)} image(s) missing or unreadable (set data.skip_bad_images: true to "
-            f"skip them):\n  {listing}"
-        )
+    lists, bad = drop_bad_images(lists, data.skip_bad_images)
     if bad:
         keep = [i for i, p in enumerate(target.paths) if p not in bad]
         info = SampleInfo([info.ids[i] for i in keep] if info.ids else [], [])
-        lists = {k: v.drop(set(bad)) for k, v in lists.items()}
     for role, il in lists.items():
         if not il.paths:
             raise ImageDataError(f"{role} {il.name!r}: no images")
