@@ -8,7 +8,9 @@ Usage (from the repository root, ../shared/data beside it):
 
 Every (task, method) writes ``OUT/<task>/<method>/runs.jsonl`` (one line per finished seed), so
 an interrupted benchmark resumes where it stopped. The summary goes to ``OUT.json`` and the
-Markdown table to stdout (pasted into BENCHMARKS.md).
+Markdown table to stdout (pasted into BENCHMARKS.md). EADA here runs the paper's L_fea
+(``train.alignment: paper``), as the committed runs did; the default ``balanced`` variant is
+compared in BENCHMARKS.md ("Alignment variants").
 """
 
 from __future__ import annotations
@@ -84,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods.split(","):
 
             def make(seed: int, task: str = task, method: str = method) -> Any:
-                return preset_config(f"digits/{task}", method, seed, [f"data.root={args.data}"])
+                # the committed runs predate train.alignment: they ran the paper's L_fea
+                sets = [f"data.root={args.data}", "train.alignment=paper"]
+                return preset_config(f"digits/{task}", method, seed, sets)
 
             print(f"== {task} / {method}", file=sys.stderr, flush=True)
             res = run_seeds(make, seeds, out / task / method)

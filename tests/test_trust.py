@@ -246,3 +246,21 @@ def test_segmentation_run_refuses_a_folder_of_another_config(tmp_path: Path) -> 
     other = resolve_seg_config(str(syn), None, ["train.gamma=0.5"], 0)
     with pytest.raises(OtherConfigError, match=r"train\.gamma: 0\.01 -> 0\.5"):
         run_seg_seeds(lambda s: other, [0], tmp_path)
+
+
+def test_runs_stored_before_train_alignment_existed_are_not_resumed_as_another_variant(
+    tmp_path: Path,
+) -> None:
+    """Runs recorded before ``train.alignment`` existed used the paper's L_fea: resuming them
+    under the new default (``balanced``) would report paper-loss numbers under it."""
+    from eada.runs import check_same_config
+
+    current = preset_config("toy", "eada", 0).resolved()
+    old = json.loads(json.dumps(current))
+    del old["train"]["alignment"]
+    records = [{"seed": 0, "config": old}]
+    current["train"]["alignment"] = "balanced"
+    with pytest.raises(OtherConfigError, match=r"train\.alignment: 'paper'"):
+        check_same_config(records, current, tmp_path)
+    current["train"]["alignment"] = "paper"
+    check_same_config(records, current, tmp_path)  # the same config: resumes

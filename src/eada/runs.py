@@ -169,14 +169,24 @@ class OtherConfigError(ValueError):
     """A run folder already holds runs of another config (resuming there would mix results)."""
 
 
+#: Keys added to the config schema whose default does NOT reproduce what the code did before
+#: the key existed, with the value that does: a stored config without such a key was run with
+#: that value. (Every other added key defaults to the earlier behaviour.)
+LEGACY_VALUES: dict[str, Any] = {"train.alignment": "paper"}
+
+
 def config_differences(
     stored: dict[str, Any], current: dict[str, Any], where: str = ""
 ) -> list[str]:
-    """``key: old -> new`` for every key present in BOTH resolved configs whose value differs
-    (keys added to the config schema since a run was stored do not count).
+    """``key: old -> new`` for every key of the resolved configs whose value differs.
+
+    A key added to the config schema since a run was stored does not count, unless it is in
+    :data:`LEGACY_VALUES` and ``current`` differs from the value the run was made with.
 
     >>> config_differences({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}})
     ['b.c: 2 -> 3']
+    >>> config_differences({"train": {}}, {"train": {"alignment": "balanced"}})
+    ["train.alignment: 'paper' (before the key existed) -> 'balanced'"]
     """
     out = []
     for k in stored.keys() & current.keys():
@@ -185,6 +195,11 @@ def config_differences(
             out += config_differences(a, b, path + ".")
         elif a != b:
             out.append(f"{path}: {a!r} -> {b!r}")
+    for k in current.keys() - stored.keys():
+        path = f"{where}{k}"
+        if path in LEGACY_VALUES and current[k] != LEGACY_VALUES[path]:
+            old = LEGACY_VALUES[path]
+            out.append(f"{path}: {old!r} (before the key existed) -> {current[k]!r}")
     return sorted(out)
 
 
