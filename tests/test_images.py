@@ -174,6 +174,59 @@ def test_bad_images_fail_before_training_unless_skipped(
     assert run["results"]["final"]["last_epoch"]["target"]["n"] == 11
 
 
+def test_frozen_backbone_checks_images_in_its_extraction(
+    domains: tuple[Path, Path], tmp_path: Path, factory_module: str, monkeypatch, capsys
+) -> None:
+    """The first frozen-backbone extraction IS the bad-image check: each image decoded once,
+    the same error as the decode check, the same features and skipped images with
+    ``skip_bad_images``, and the cache keyed by the images kept."""
+    from eada.data import images
+
+    src, tgt = domains
+    (src / "images" / "blue" / "img 2.jpg").write_bytes(b"\xff\xd8 truncated")
+    (tgt / "images" / "blue" / "img 3.jpg").write_bytes(b"")
+    decoded: list[Path] = []
+    open_image = images.open_image
+    monkeypatch.setattr(images, "open_image", lambda p: decoded.append(p) or open_image(p))
+    raw = _cfg(src, tgt, factory_module, tmp_path, freeze_backbone=True)
+    with pytest.raises(ImageDataError) as frozen:
+        load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    assert len(decoded) == len(set(decoded)) == 24  # 12 + 12 images, one decode each
+    err = capsys.readouterr().err  # the plain progress lines of a log name the domain
+    assert "extracting features of the target domain 'tgt': 12/12 (100%)" in err
+    with pytest.raises(ImageDataError) as check:  # the decode check of a fine-tuned backbone
+        load_task(parse_config(raw).data)
+    assert str(frozen.value) == str(check.value)
+    assert "2 image(s) missing or unreadable" in str(check.value)
+
+    raw["data"].update(skip_bad_images=True, cache_dir=str(tmp_path / "cache_b"))
+    cfg = parse_config(raw)
+    decoded.clear()
+    task = load_task(cfg.data, 0, cfg.model)
+    assert len(decoded) == 24
+    skipped = sorted(Path(p).name for p in task.notes["skipped_images"])
+    assert skipped == ["img 2.jpg", "img 3.jpg"]
+    assert task.notes["features"]["source"]["cache"] == "miss"
+    assert len(task.source) == 11 and len(task.target) == 11
+    decoded.clear()
+    again = load_task(cfg.data, 0, cfg.model)  # the same files: nothing decoded again
+    assert not decoded and again.notes["features"]["target"]["cache"] == "hit"
+    assert sorted(Path(p).name for p in again.notes["skipped_images"]) == skipped
+    assert torch.equal(again.target.x, task.target.x) and torch.equal(again.source.y, task.source.y)
+    raw["data"]["skip_bad_images"] = False
+    with pytest.raises(ImageDataError) as known:
+        load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    assert not decoded and str(known.value) == str(check.value)
+
+    # the same features as a run whose image folders never held the bad images
+    (src / "images" / "blue" / "img 2.jpg").unlink()
+    (tgt / "images" / "blue" / "img 3.jpg").unlink()
+    raw["data"]["cache_dir"] = str(tmp_path / "cache2")
+    clean = load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    assert torch.equal(clean.target.x, task.target.x) and torch.equal(clean.source.x, task.source.x)
+    assert not clean.notes["skipped_images"]
+
+
 def test_image_config_errors() -> None:
     base = {"data": {"kind": "images", "source": "a", "target": "b"}}
     with pytest.raises(ConfigError, match=r"model\.name backbone"):
