@@ -36,6 +36,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -736,7 +737,7 @@ def add_parser(sub: Any) -> None:
     b = sub.add_parser(
         "bench",
         help="grid of tasks x methods x seeds, resumable, paper-style tables",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     b.add_argument(
@@ -776,6 +777,16 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--table-only", action="store_true", help="print the tables of OUT only")
     b.add_argument("--dry-run", action="store_true", help="validate the grid and list it")
     b.set_defaults(func=cmd_bench)
+
+
+def plain_text(doc: str) -> str:
+    """``doc`` without its reStructuredText markup, for ``--help``.
+
+    >>> plain_text("``eada bench`` runs :data:`eada.hparams.METHODS` (:func:`~eada.x.f`)")
+    'eada bench runs eada.hparams.METHODS (f)'
+    """
+    doc = re.sub(r":[a-z]+:`~[\w.]*?(\w+)`", r"\1", doc)  # :func:`~a.b` -> b
+    return re.sub(r":[a-z]+:`([^`]+)`", r"\1", doc).replace("``", "")
 
 
 def _split(text: str) -> list[str]:
