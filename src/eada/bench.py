@@ -413,6 +413,27 @@ def _worker_init(threads: int) -> None:
 
     set_threads(threads)
     threadpool_limits(limits=threads)  # BLAS pools a forked worker inherits from the parent
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """On Linux, a worker ends when the ``eada bench`` process is killed (``SIGKILL``
+    included) instead of living on as an orphan: the grid resumes from ``runs.jsonl``."""
+    import multiprocessing
+    import signal
+
+    parent = multiprocessing.parent_process()
+    if not sys.platform.startswith("linux") or parent is None:
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl here: as before (an orphan may live on)
+        return
+    if os.getppid() != parent.pid:  # the parent died before prctl
+        os._exit(1)
 
 
 #: What every run imports on first use (the first ``torch.optim`` optimizer imports
