@@ -130,6 +130,9 @@ def test_bench_workers_fork_and_keep_a_task_over_seeds(tmp_path: Path) -> None:
     if sys.platform.startswith("linux"):
         assert bench.worker_start_method(1) == "fork"
     assert bench.worker_start_method(2) == "spawn"  # OpenMP pools do not survive a fork
+    with pytest.MonkeyPatch.context() as mp:  # nor does a CUDA context
+        mp.setattr(torch.cuda, "is_available", lambda: True)
+        assert bench.worker_start_method(1) == "spawn"
     cache = bench._TaskCache()
     toy = [cache.get(r.config) for r in bench.build_grid(["toy"], ["random"], [0, 1], TINY)]
     assert toy[0] is not toy[1]  # the toy data depend on the seed

@@ -451,18 +451,18 @@ RUN_MODULES = (
 
 
 def worker_start_method(threads: int) -> str:
-    """How ``eada bench --jobs`` starts its workers: ``"fork"`` on Linux when each worker runs
-    one thread (the default), else ``"spawn"``.
+    """How ``eada bench --jobs`` starts its workers: ``"fork"`` on Linux without CUDA when each
+    worker runs one thread (the default), else ``"spawn"``.
 
     A forked worker starts in milliseconds with the parent's imports (torch, eada,
     :data:`RUN_MODULES`); a spawned one imports them again (~2-4 s a worker, against runs of
     ~1 s in a grid of small runs). With one thread a worker never enters an OpenMP parallel
-    region, so an OpenMP pool of the parent (which does not survive a fork) is never used;
-    with more threads, and where fork is not the platform's safe default (macOS, Windows),
-    the workers are spawned."""
+    region, so an OpenMP pool of the parent (which does not survive a fork) is never used.
+    With more threads, with CUDA (a CUDA context does not survive a fork either) and where
+    fork is not the platform's safe default (macOS, Windows), the workers are spawned."""
     import multiprocessing
 
-    if threads == 1 and sys.platform.startswith("linux"):
+    if threads == 1 and sys.platform.startswith("linux") and not torch.cuda.is_available():
         if "fork" in multiprocessing.get_all_start_methods():
             return "fork"
     return "spawn"
