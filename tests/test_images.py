@@ -19,6 +19,7 @@ from eada.data.images import (
     index_folder,
     read_image_list,
     scan_domain_folder,
+    write_image_list,
 )
 from eada.data.tasks import load_task
 from eada.data.transforms import TransformSpec, build_transform, normalization_for
@@ -225,6 +226,31 @@ def test_frozen_backbone_checks_images_in_its_extraction(
     clean = load_task(parse_config(raw).data, 0, parse_config(raw).model)
     assert torch.equal(clean.target.x, task.target.x) and torch.equal(clean.source.x, task.source.x)
     assert not clean.notes["skipped_images"]
+
+
+def test_frozen_backbone_lists_a_missing_image_with_the_unreadable_ones(
+    domains: tuple[Path, Path], tmp_path: Path, factory_module: str
+) -> None:
+    """A listed image that is gone: the whole check runs before any extraction (one error
+    with every problem), or with ``skip_bad_images`` it is dropped before the extraction."""
+    src, tgt = domains
+    (tgt / "images" / "blue" / "img 3.jpg").write_bytes(b"")
+    images = scan_domain_folder(tgt)
+    images.paths.append(tgt / "images" / "blue" / "gone.jpg")
+    images.labels.append(1)
+    lst = write_image_list(images, tmp_path / "tgt.txt", checksums=False)
+    raw = _cfg(src, lst, factory_module, tmp_path, freeze_backbone=True)
+    with pytest.raises(ImageDataError) as frozen:
+        load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    with pytest.raises(ImageDataError) as check:
+        load_task(parse_config(raw).data)
+    assert str(frozen.value) == str(check.value)
+    assert "gone.jpg: missing" in str(check.value) and "img 3.jpg: unreadable" in str(check.value)
+    assert not list((tmp_path / "cache").glob("*.pt"))  # reported before any extraction
+    raw["data"]["skip_bad_images"] = True
+    task = load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    skipped = sorted(Path(p).name for p in task.notes["skipped_images"])
+    assert skipped == ["gone.jpg", "img 3.jpg"] and len(task.target) == 11
 
 
 def test_image_config_errors() -> None:
