@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="The paper's toy example (Fig. 5): Source-only, Random, EADA and EADA "
         "without the alignment loss on the toy protocol, over several seeds. Prints the target "
         "errors (mean +- std) beside the paper's and writes OUT/results.json, the runs and a "
-        "Fig.-5-like figure of the first seed. Nothing is downloaded; about 15 s on 2 cores.",
+        "Fig.-5-like figure of the first seed. Nothing is downloaded; about 20 s on 2 cores.",
     )
     d.add_argument("--seeds", type=int, default=3, help="number of seeds (default 3)")
     d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
