@@ -173,9 +173,11 @@ class TrainConfig(_Strict):
 
     ``alignment``: ``balanced`` (default) compares the shift-invariant free energy
     ``G = F - mean_y E`` of the target energies taken relative to the batch's class means with
-    the source's running mean of the same quantity; ``centered`` uses ``G`` per sample;
-    ``paper`` the free energy ``F`` itself (paper Eq. 5). See
-    :func:`eada.energy.balanced_free_energy` and :func:`eada.energy.centered_free_energy`.
+    the source's running mean of the same quantity; ``normalized`` divides those energies by
+    the joint energy scale of the source and target batches first (scale-free); ``centered``
+    uses ``G`` per sample; ``paper`` the free energy ``F`` itself (paper Eq. 5). See
+    :func:`eada.energy.normalized_free_energy`, :func:`eada.energy.balanced_free_energy` and
+    :func:`eada.energy.centered_free_energy`.
 
     ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``
     one pass over the concatenated batches with per-stream batch norm (same maths, see
@@ -206,9 +208,9 @@ class TrainConfig(_Strict):
     loaders: Literal["continuous", "per_epoch"] = "continuous"  # see the class docstring
     # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): G = F - mean_y E of the
     # energies relative to the batch's class means by default ("balanced"), the per-sample G
-    # ("centered"), or the paper's F (configs that reproduce the paper pin it);
-    # BENCHMARKS.md "Alignment variants"
-    alignment: Literal["paper", "centered", "balanced"] = "balanced"
+    # ("centered"), the balanced one divided by the joint energy scale ("normalized"), or the
+    # paper's F (configs that reproduce the paper pin it); BENCHMARKS.md "Alignment variants"
+    alignment: Literal["paper", "centered", "balanced", "normalized"] = "balanced"
 
 
 class ActiveConfig(_Strict):
