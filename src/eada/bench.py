@@ -724,7 +724,7 @@ def add_parser(sub: Any) -> None:
         help="run the grid in N processes with one thread each (--threads to change), appending "
         "to runs.jsonl safely; resumable as with one process (default 1)",
     )
-    from eada.cli import add_threads_argument
+    from eada.threads import add_threads_argument
 
     add_threads_argument(b)
     b.add_argument("--format", choices=("md", "latex"), default="md", help="table format")

@@ -249,7 +249,7 @@ def add_store_commands(sub: Any) -> None:
         action="store_true",
         help="run the whole schedule with a simulated oracle (resumable)",
     )
-    from eada.cli import add_threads_argument
+    from eada.threads import add_threads_argument
 
     add_threads_argument(p)
     p.set_defaults(func=_cmd_train)
