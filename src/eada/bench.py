@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from eada.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_config
+from eada.hparams import REFERENCE_METHODS, method_label, variant_label
 from eada.runs import (
     append_jsonl,
     config_differences,
@@ -55,8 +56,6 @@ from eada.runs import (
     read_jsonl,
     write_json,
 )
-
-REFERENCE_METHODS = {"target_supervised": "Fully supervised target"}
 
 #: Query complexity: (as the paper's Table 4 states it, as implemented here). N pool size,
 #: M source size, L labeled target, C classes, D feature size, B budget, T k-means iterations,
@@ -79,13 +78,6 @@ COMPLEXITY: dict[str, tuple[str, str]] = {
 }
 
 
-def method_label(method: str) -> str:
-    """The table label of a method (``METHOD_LABELS`` or a reference method)."""
-    from eada.hparams import METHOD_LABELS
-
-    return REFERENCE_METHODS.get(method) or METHOD_LABELS.get(method, method)
-
-
 def parse_sweeps(specs: list[str]) -> list[list[str]]:
     """``["active.alpha1=0.1,0.5", "train.gamma=0,0.01"]`` -> the Cartesian product as lists of
     overrides (``[[]]`` for no sweep). Values are split on commas."""
@@ -96,13 +88,6 @@ def parse_sweeps(specs: list[str]) -> list[list[str]]:
             raise ConfigError(f"sweep {spec!r} must look like section.key=v1,v2,...")
         axes.append([f"{key}={v.strip()}" for v in values.split(",") if v.strip()])
     return [list(combo) for combo in itertools.product(*axes)] if axes else [[]]
-
-
-def variant_label(overrides: list[str]) -> str:
-    """Short label of a sweep variant: ``active.alpha1=0.25`` -> ``alpha1=0.25``."""
-    return ", ".join(
-        o.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in overrides
-    )
 
 
 def task_id(task: str) -> str:
