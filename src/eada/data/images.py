@@ -21,7 +21,6 @@ the list file's folder).
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +30,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset
+
+from eada.runs import sha256_file
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".webp")
 
@@ -248,15 +249,6 @@ def load_image_list(
     if spec.is_dir():
         return scan_domain_folder(spec, classes)
     return read_image_list(spec, root, classes, allow_outside)
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_image_list(images: ImageList, out: str | Path, checksums: bool = True) -> Path:
