@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eada.strategies import STRATEGIES, check_params
+from eada.strategies.components import COMPONENT_PARAMS, COMPONENTS
 
 
 class _Strict(BaseModel):
@@ -259,9 +260,6 @@ class ActiveConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_params(self) -> ActiveConfig:
-        # lazy: eada.train imports this module
-        from eada.train.aux import COMPONENT_PARAMS, COMPONENTS
-
         check_params(
             self.strategy,
             self.params,
