@@ -375,7 +375,7 @@ BENCH_FREE_ENERGIES = 200
 def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, Any]:
     """Train one grid cell and append its record to ``log`` (safe for concurrent writers)."""
     from eada.experiment import run_once
-    from eada.reports.domain_stats import DomainStatsRecorder
+    from eada.train.domain_stats import DomainStatsRecorder
 
     cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
     stats = DomainStatsRecorder(n_free_energy=BENCH_FREE_ENERGIES, seed=run.seed)
