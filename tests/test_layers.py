@@ -25,13 +25,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imported(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
-    """Every eada module name that ``module`` imports (absolute names, anywhere in the file)."""
+def _imported(tree: ast.AST, module: str, is_package: bool) -> Iterator[tuple[str, ...]]:
+    """What ``module`` imports, anywhere in the file: for each import, the absolute names it may
+    mean, most specific first (``from eada import config`` is the module ``eada.config``;
+    ``from eada.config import load_config`` falls back to ``eada.config``)."""
     package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield alias.name
+                yield (alias.name,)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -39,10 +41,8 @@ def _imported(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            yield target
-            # ``from eada import config`` imports the module eada.config
             for alias in node.names:
-                yield f"{target}.{alias.name}"
+                yield (f"{target}.{alias.name}", target)
 
 
 def module_graph() -> dict[str, set[str]]:
@@ -53,8 +53,10 @@ def module_graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         targets = set()
-        for target in _imported(tree, name, path.name == "__init__.py"):
-            # the longest known module that the name starts with (``from m import function``)
+        for candidates in _imported(tree, name, path.name == "__init__.py"):
+            # the first name that is an eada module, else the longest module it starts with
+            known = [c for c in candidates if c in modules]
+            target = known[0] if known else candidates[-1]
             while target and target not in modules:
                 target = target.rpartition(".")[0]
             if target and target != name:
@@ -171,11 +173,10 @@ def test_finder_names_a_cycle() -> None:
         ["c", "b", "c"],
     ]
     tree = ast.parse("def f():\n    from ..config import X\n    import eada.data.tasks\n")
-    assert set(_imported(tree, "eada.train.loop", is_package=False)) == {
-        "eada.config",
-        "eada.config.X",
-        "eada.data.tasks",
-    }
+    assert list(_imported(tree, "eada.train.loop", is_package=False)) == [
+        ("eada.config.X", "eada.config"),
+        ("eada.data.tasks",),
+    ]
 
 
 def test_no_import_cycle_between_top_level_parts() -> None:
