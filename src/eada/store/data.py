@@ -6,56 +6,22 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from pydantic import BaseModel, ConfigDict, Field
 
-from eada.config import ExperimentConfig, parse_config
+from eada.config import ExperimentConfig
 from eada.data.base import TensorDomain
 from eada.data.tasks import Task, load_task
+from eada.store.config import (  # noqa: F401  (build_config, resolved_config: moved there)
+    FolderData,
+    build_config,
+    resolved_config,
+)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
-
-
-class FolderData(BaseModel):
-    """Image folders as source and target: ``DIR/[images/]CLASS/*.jpg`` (class = folder name).
-
-    Images are decoded with Pillow, converted to ``channels`` and resized to
-    ``image_size x image_size`` (bilinear), scaled to ``[0, 1]`` and normalised with mean and
-    std 0.5, the digits convention, so the ``lenet`` model trains on them from scratch.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["folders"] = "folders"
-    source: Path
-    target: Path
-    image_size: int = Field(32, ge=8)
-    channels: Literal[1, 3] = 3
-
-
-def build_config(raw: dict[str, Any], source: str = "project config") -> ExperimentConfig:
-    """Validate a project config. Image-folder projects carry a :class:`FolderData` as ``data``
-    (the trainer never reads ``cfg.data``; the store loads the domains itself)."""
-    raw = {k: v for k, v in raw.items() if k != "store"}  # the store's own section
-    data = raw.get("data")
-    if isinstance(data, dict) and data.get("kind") == "folders":
-        folders = FolderData.model_validate(data)
-        cfg = parse_config({**raw, "data": {"kind": "toy"}}, source)
-        return cfg.model_copy(update={"data": folders})
-    return parse_config(raw, source)
-
-
-def resolved_config(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Every key of a project config, JSON-ready (image-folder ``data`` included)."""
-    data: Any = cfg.data
-    if isinstance(data, FolderData):
-        out = cfg.model_dump(mode="json", exclude={"data"}, warnings=False)
-        return {**out, "data": data.model_dump(mode="json")}
-    return cfg.resolved()
 
 
 def content_hash(data: bytes) -> str:

@@ -37,15 +37,19 @@ import torch
 
 from eada.config import ExperimentConfig
 from eada.data.tasks import Task
-from eada.store.data import (
+from eada.store.config import (
     FolderData,
+    StoreOptions,
+    absolute_config,
     build_config,
+    resolved_config,
+)
+from eada.store.data import (
     confine,
     content_hash,
     decode_image,
     default_roots,
     load_project_data,
-    resolved_config,
     row_hashes,
 )
 from eada.store.db import Store, StoreError, now, tmp_name
@@ -62,8 +66,6 @@ from eada.store.labelfiles import (
     write_atomic,
 )
 from eada.store.targets import (
-    StoreOptions,
-    absolute_config,
     label_studio_root,
     record_sample_info,
 )
