@@ -12,7 +12,8 @@ declare themselves (:data:`~eada.strategies.components.STRATEGY_COMPONENTS`,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,9 +35,7 @@ from eada.strategies.components import (
     WassersteinCritic,
     grad_reverse,
 )
-
-if TYPE_CHECKING:
-    from eada.train.loop import ActiveDATrainer
+from eada.train.loop import ActiveDATrainer, register_components_builder
 
 
 class AuxTraining:
@@ -75,6 +74,10 @@ class AuxTraining:
         self.optimizer = torch.optim.Adam(trainable, lr=lr) if trainable else None
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(seed)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """The components' parameters."""
+        return self.components.parameters()
 
     @property
     def names(self) -> list[str]:
@@ -190,26 +193,13 @@ def build_aux(trainer: ActiveDATrainer) -> AuxTraining | None:
 def complete_pool_outputs(
     trainer: ActiveDATrainer, outputs: PoolOutputs, needs: tuple[str, ...]
 ) -> PoolOutputs:
-    """Add what some strategies need beyond :func:`~eada.train.evaluate.score_pool`: embeddings
-    of the labeled target set and of the source (``labeled_embeddings``/``source_embeddings`` in
-    ``needs``) and the training components' pool scores (``outputs.extra``)."""
-    from eada.train.evaluate import embed_samples
+    """Same as ``trainer.complete_pool_outputs(outputs, needs)``
+    (:meth:`eada.train.loop.ActiveDATrainer.complete_pool_outputs`, its home since the trainer
+    stopped importing this module)."""
+    return trainer.complete_pool_outputs(outputs, needs)
 
-    bs, dev = trainer.cfg.train.eval_batch_size, trainer.device
-    if "labeled_embeddings" in needs:
-        lab = torch.nonzero(trainer.labeled_mask).squeeze(1)
-        outputs.labeled_embeddings = embed_samples(trainer.model, trainer.task.target, lab, bs, dev)
-    if "source_embeddings" in needs:
-        src = trainer.task.source
-        outputs.source_embeddings = embed_samples(
-            trainer.model, src, torch.arange(len(src)), bs, dev
-        )
-    aux = getattr(trainer, "aux", None)
-    if aux is not None and len(outputs):
-        outputs.extra.update(
-            aux.pool_scores(outputs.require_embeddings("training components"), dev)
-        )
-    return outputs
+
+register_components_builder(build_aux)
 
 
 __all__ = [  # the components' home is eada.strategies.components; these names stay importable here
