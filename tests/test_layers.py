@@ -187,3 +187,11 @@ def test_no_import_cycle_between_top_level_parts() -> None:
     cycles = find_cycles(graph)
     message = "import cycles between eada's top-level parts:\n"
     assert not cycles, message + _describe(cycles, modules)
+
+
+def test_no_import_cycle_between_modules() -> None:
+    """Inside a part too, no two modules import each other (directly or around a loop)."""
+    modules = module_graph()
+    cycles = find_cycles(modules)
+    message = "import cycles between eada's modules:\n"
+    assert not cycles, message + "\n".join(" -> ".join(c) for c in cycles)
