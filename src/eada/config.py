@@ -25,6 +25,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+class RoundSchedule:
+    """What every active section shares (:class:`ActiveConfig`, the segmentation one): a
+    ``strategy`` and the ``rounds_at`` at which it selects."""
+
+    strategy: str
+    rounds_at: list[int]
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any round selects target samples (images, in segmentation)."""
+        return self.strategy != "none" and bool(self.rounds_at)
+
+
 def check_rounds(v: list[int], unit: str, lower: str) -> list[int]:
     """Validate a round schedule: strictly increasing ``unit`` counts, the first >= 1
     (``lower`` names that bound in the error)."""
@@ -212,7 +225,7 @@ class TrainConfig(_Strict):
     alignment: Literal["paper", "centered", "balanced"] = "balanced"
 
 
-class ActiveConfig(_Strict):
+class ActiveConfig(_Strict, RoundSchedule):
     """Active rounds. ``rounds_at``: the epochs (1-based) at whose END a round selects.
 
     ``budget_per_round``: an ``int`` is a count; a ``float`` in ``(0, 1]`` a share of the WHOLE
@@ -277,11 +290,6 @@ class ActiveConfig(_Strict):
                 f"got {names!r}"
             )
         return self
-
-    @property
-    def enabled(self) -> bool:
-        """Whether any round selects target samples."""
-        return self.strategy != "none" and bool(self.rounds_at)
 
 
 class ExperimentConfig(_Strict):
