@@ -48,6 +48,7 @@ import torch
 
 from eada.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_config
 from eada.hparams import REFERENCE_METHODS, method_label, variant_label
+from eada.reports.tables import render_table as _render
 from eada.runs import (
     append_jsonl,
     config_differences,
@@ -605,34 +606,6 @@ def query_table(records: list[dict[str, Any]], fmt: str = "md") -> str:
             row.append(f"{np.mean(sel):.4f} / {np.mean(tot):.3f}" if sel else "-")
         body.append(row)
     return _render(head, body, fmt, "query complexity and measured query time per round")
-
-
-def _render(head: list[str], body: list[list[str]], fmt: str, caption: str) -> str:
-    if fmt == "md":
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(r) + " |" for r in body]
-        return "\n".join(lines)
-    if fmt == "latex":
-
-        def esc(s: str) -> str:
-            return s.replace("_", "\\_").replace("->", "$\\to$") if "$" not in s else s
-
-        cols = "l|" + "c" * (len(head) - 1)
-        lines = [
-            "\\begin{table}[t]",
-            "\\centering",
-            f"\\caption{{{esc(caption)}}}",
-            f"\\begin{{tabular}}{{{cols}}}",
-            "\\hline",
-            " & ".join(esc(h) for h in head) + " \\\\",
-            "\\hline",
-            *[" & ".join(esc(c) for c in r) + " \\\\" for r in body],
-            "\\hline",
-            "\\end{tabular}",
-            "\\end{table}",
-        ]
-        return "\n".join(lines)
-    raise ValueError(f"unknown table format {fmt!r}; use md or latex")
 
 
 def render_tables(records: list[dict[str, Any]], fmt: str = "md") -> str:
