@@ -195,3 +195,34 @@ def test_no_import_cycle_between_modules() -> None:
     cycles = find_cycles(modules)
     message = "import cycles between eada's modules:\n"
     assert not cycles, message + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _layers_in_contributing() -> dict[str, int]:
+    """CONTRIBUTING.md's layer table: part -> layer number."""
+    text = (SRC.parent / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    layers: dict[str, int] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for part in cells[1].split(","):
+                layers[part.strip().strip("`")] = int(cells[0])
+    return layers
+
+
+def test_imports_point_down_the_layers_of_contributing() -> None:
+    """Every part is in CONTRIBUTING.md's layer table and imports only parts in lower layers."""
+    modules = module_graph()
+    graph = part_graph(modules)
+    layers = _layers_in_contributing()
+    assert not set(graph) - set(layers), f"parts missing from the table: {set(graph) - set(layers)}"
+    upward = sorted(
+        f"{m} imports {t} (layer {layers[_part(m) or '']} -> {layers[_part(t) or '']})"
+        for m, ts in modules.items()
+        for t in ts
+        if _part(m) and _part(t) and _part(m) != _part(t)
+        if layers[_part(m) or ""] <= layers[_part(t) or ""]
+    )
+    assert not upward, "imports that do not point down CONTRIBUTING.md's layers:\n" + "\n".join(
+        upward
+    )
