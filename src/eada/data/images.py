@@ -197,13 +197,20 @@ def _infer_class_names(paths: list[Path], labels: list[int]) -> list[str]:
     return names
 
 
-def scan_domain_folder(folder: str | Path, classes: Sequence[str] | None = None) -> ImageList:
-    """Images of ``DOMAIN/[images/]CLASS/*`` (extensions :data:`IMAGE_EXTENSIONS`).
+def scan_domain_folder(
+    folder: str | Path,
+    classes: Sequence[str] | None = None,
+    extensions: Sequence[str] = IMAGE_EXTENSIONS,
+) -> ImageList:
+    """Images of ``DOMAIN/[images/]CLASS/*`` (extensions :data:`IMAGE_EXTENSIONS`): the one
+    image-folder scanner (run configs, ``eada data index``, folder projects of the store).
 
     Args:
         folder: the domain folder; an ``images`` sub-folder is used when present.
         classes: a class map to follow (e.g. the source's); class folders not in it are an
-            error. Default: the sub-folders in sorted order (empty ones included).
+            error. Default: the sub-folders in sorted order (empty ones included; hidden ones,
+            ``.name``, skipped).
+        extensions: the lower-case file suffixes that count as images.
 
     >>> import tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -231,7 +238,7 @@ def scan_domain_folder(folder: str | Path, classes: Sequence[str] | None = None)
         if not d.is_dir():
             continue
         for f in sorted(d.iterdir()):
-            if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS:
+            if f.is_file() and f.suffix.lower() in extensions:
                 paths.append(f.resolve())
                 labels.append(y)
     return ImageList(folder.name, paths, labels, names)

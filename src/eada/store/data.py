@@ -14,6 +14,7 @@ from PIL import Image, UnidentifiedImageError
 
 from eada.config import ExperimentConfig
 from eada.data.base import TensorDomain
+from eada.data.images import ImageDataError, scan_domain_folder
 from eada.data.tasks import Task, load_task
 from eada.store.config import (  # noqa: F401  (build_config, resolved_config: moved there)
     FolderData,
@@ -22,6 +23,8 @@ from eada.store.config import (  # noqa: F401  (build_config, resolved_config: m
 )
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
+"""The suffixes a folder project registers (fewer than :data:`~eada.data.images.IMAGE_EXTENSIONS`:
+projects made by earlier versions must find the same files)."""
 
 
 def content_hash(data: bytes) -> str:
@@ -37,12 +40,9 @@ def row_hashes(domain: Any) -> list[str]:
     return [content_hash(x[i].numpy().tobytes()) for i in range(len(domain))]
 
 
-def _image_root(folder: Path) -> Path:
-    return folder / "images" if (folder / "images").is_dir() else folder
-
-
 def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
-    """Class names (sorted folder names) and ``(path, class id)`` of every image in ``folder``.
+    """Class names (sorted folder names) and ``(path, class id)`` of every image in ``folder``
+    (:func:`eada.data.images.scan_domain_folder` with the store's :data:`IMAGE_SUFFIXES`).
 
     Raises:
         FileNotFoundError: ``folder`` missing.
@@ -50,17 +50,14 @@ def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     """
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder not found: {folder}")
-    root = _image_root(folder)
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    if not classes:
-        raise ValueError(f"{root} holds no class folders (expected {root}/CLASS/*.jpg)")
-    items: list[tuple[Path, int]] = []
-    for k, name in enumerate(classes):
-        files = sorted(p for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        items += [(p, k) for p in files]
-    if not items:
+    root = folder / "images" if (folder / "images").is_dir() else folder
+    try:
+        found = scan_domain_folder(folder, extensions=IMAGE_SUFFIXES)
+    except ImageDataError:  # no class folders (the only error without a class map)
+        raise ValueError(f"{root} holds no class folders (expected {root}/CLASS/*.jpg)") from None
+    if not found.paths:
         raise ValueError(f"{root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
-    return classes, items
+    return found.classes, list(zip(found.paths, found.labels, strict=True))
 
 
 def decode_image(path: Path, image_size: int, channels: int) -> np.ndarray:
