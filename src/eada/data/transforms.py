@@ -34,6 +34,7 @@ __all__ = [
     "TransformSpec",
     "View",
     "build_transform",
+    "fixed_size_transform",
     "normalization_for",
     "transform_key",
 ]
@@ -92,6 +93,24 @@ def build_transform(
     if view in ("score", "random_crop"):
         return T.Compose([T.Resize(spec.resize), T.RandomCrop(spec.crop), *tail])
     raise ValueError(f"unknown view {view!r}; known: train, test, score, random_crop")
+
+
+def fixed_size_transform(image_size: int, channels: int) -> Callable[[Any], torch.Tensor]:
+    """The view of images a small model trains on from scratch (the store's image-folder
+    projects, the digits convention): resize to ``image_size x image_size`` (bilinear),
+    ``ToTensor`` (``[0, 1]``), ``(x - 0.5) / 0.5`` per channel; a PIL image in mode ``L``
+    (``channels`` 1) or ``RGB`` (3) -> ``(channels, S, S)``.
+
+    >>> from PIL import Image
+    >>> t = fixed_size_transform(32, 1)
+    >>> x = t(Image.new("L", (50, 40), color=255))
+    >>> tuple(x.shape), float(x.max())
+    ((1, 32, 32), 1.0)
+    """
+    from torchvision import transforms as T
+
+    half = (0.5,) * channels
+    return T.Compose([T.Resize((image_size, image_size)), T.ToTensor(), T.Normalize(half, half)])
 
 
 def transform_key(view: View, spec: TransformSpec, norm: Normalization) -> str:

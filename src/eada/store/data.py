@@ -8,7 +8,6 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
@@ -16,6 +15,7 @@ from eada.config import ExperimentConfig
 from eada.data.base import TensorDomain
 from eada.data.images import ImageDataError, scan_domain_folder
 from eada.data.tasks import Task, load_task
+from eada.data.transforms import fixed_size_transform
 from eada.store.config import (  # noqa: F401  (build_config, resolved_config: moved there)
     FolderData,
     build_config,
@@ -60,8 +60,10 @@ def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     return found.classes, list(zip(found.paths, found.labels, strict=True))
 
 
-def decode_image(path: Path, image_size: int, channels: int) -> np.ndarray:
-    """Decode one image to ``uint8`` ``(S, S)`` or ``(S, S, 3)``.
+def decode_image(path: Path, image_size: int, channels: int) -> torch.Tensor:
+    """Decode one image to a model-ready ``(channels, S, S)`` tensor: the torchvision view
+    :func:`eada.data.transforms.fixed_size_transform` (resize to ``S x S``, ``[0, 1]``,
+    ``(x - 0.5) / 0.5``).
 
     Raises:
         ValueError: naming the file when it is not a readable image (corrupt or truncated).
@@ -70,10 +72,9 @@ def decode_image(path: Path, image_size: int, channels: int) -> np.ndarray:
         with Image.open(path) as raw:
             raw.load()
             im = raw.convert("RGB" if channels == 3 else "L")
-            im = im.resize((image_size, image_size), Image.Resampling.BILINEAR)
-            return np.asarray(im, dtype=np.uint8)
     except (UnidentifiedImageError, OSError, SyntaxError) as err:
         raise ValueError(f"corrupt or unreadable image {path}: {err}") from None
+    return fixed_size_transform(image_size, channels)(im)
 
 
 def load_folder(folder: Path, image_size: int, channels: int) -> tuple[TensorDomain, list[Path]]:
@@ -88,10 +89,7 @@ def _decode_domain(
 ) -> tuple[TensorDomain, list[Path]]:
     """Decoded images (``size``: a :class:`FolderData` or ``image_size, channels``)."""
     image_size, channels = (size[0].image_size, size[0].channels) if len(size) == 1 else size
-    arrays = [decode_image(p, image_size, channels) for p in paths]
-    x = torch.from_numpy(np.stack(arrays)).float().div_(255.0)
-    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
-    x = ((x - 0.5) / 0.5).contiguous()
+    x = torch.stack([decode_image(p, image_size, channels) for p in paths]).contiguous()
     y = torch.tensor(labels, dtype=torch.long)
     return TensorDomain(name, x, y, classes), paths
 
