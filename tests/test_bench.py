@@ -161,6 +161,54 @@ def test_killed_bench_resumes_and_gives_the_same_table(tmp_path: Path) -> None:
     assert table in resumed.stdout
 
 
+def _children(pid: int) -> set[int]:
+    """The process ids whose parent is ``pid`` (Linux ``/proc``)."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc, fork, prctl")
+def test_killed_parallel_bench_leaves_no_worker_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [*_bench_cmd(out), "--jobs", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 900
+    while time.time() < deadline and len(read_jsonl(out / "runs.jsonl")) < 2:
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    workers = _children(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert workers, "the grid ended before the kill"
+
+    def running(pid: int) -> bool:  # a zombie left for init to reap has ended
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except OSError:
+            return False
+
+    deadline = time.time() + 30
+    while time.time() < deadline and any(running(w) for w in workers):
+        time.sleep(0.05)
+    assert not [w for w in workers if running(w)], "workers outlived the killed eada bench"
+    n_done = len(read_jsonl(out / "runs.jsonl"))
+    resumed = subprocess.run(
+        [*_bench_cmd(out), "--jobs", "2"], capture_output=True, text=True, check=True
+    )
+    assert resumed.stderr.count("seed") == 6 - n_done
+    keys = [r["key"] for r in read_jsonl(out / "runs.jsonl")]
+    assert len(keys) == len(set(keys)) == 6
+
+
 def test_training_warnings_travel_in_the_bench_line(tmp_path: Path, monkeypatch) -> None:
     from eada import energy
 

@@ -273,3 +273,27 @@ def test_closed_stdout_pipe_ends_quietly(tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert "bug" not in err and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_every_command_help_is_plain_text_with_a_description() -> None:
+    """``eada CMD --help`` says what CMD does, without reStructuredText markup."""
+    import argparse
+
+    from eada.cli import build_parser
+
+    def commands(parser: argparse.ArgumentParser, name: str):  # type: ignore[no-untyped-def]
+        yield name, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, p in action.choices.items():
+                    yield from commands(p, f"{name} {sub}")
+
+    seen = dict(commands(build_parser(), "eada"))
+    assert {"eada demo", "eada bench", "eada run", "eada data features"} <= set(seen)
+    for name, parser in seen.items():
+        text = parser.format_help()
+        assert parser.description, name
+        for markup in ("``", ":func:", ":data:", ":mod:", ":class:", ":meth:"):
+            assert markup not in text, (name, markup)
+    assert "Source-only, Random, EADA" in seen["eada demo"].format_help()
+    assert "what eada.hparams.METHODS says" in seen["eada bench"].format_help()

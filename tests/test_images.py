@@ -19,6 +19,7 @@ from eada.data.images import (
     index_folder,
     read_image_list,
     scan_domain_folder,
+    write_image_list,
 )
 from eada.data.tasks import load_task
 from eada.data.transforms import TransformSpec, build_transform, normalization_for
@@ -172,6 +173,84 @@ def test_bad_images_fail_before_training_unless_skipped(
     skipped = run["results"]["data"]["skipped_images"]
     assert sorted(Path(p).name for p in skipped) == ["img 2.jpg", "img 3.jpg"]
     assert run["results"]["final"]["last_epoch"]["target"]["n"] == 11
+
+
+def test_frozen_backbone_checks_images_in_its_extraction(
+    domains: tuple[Path, Path], tmp_path: Path, factory_module: str, monkeypatch, capsys
+) -> None:
+    """The first frozen-backbone extraction IS the bad-image check: each image decoded once,
+    the same error as the decode check, the same features and skipped images with
+    ``skip_bad_images``, and the cache keyed by the images kept."""
+    from eada.data import images
+
+    src, tgt = domains
+    (src / "images" / "blue" / "img 2.jpg").write_bytes(b"\xff\xd8 truncated")
+    (tgt / "images" / "blue" / "img 3.jpg").write_bytes(b"")
+    decoded: list[Path] = []
+    open_image = images.open_image
+    monkeypatch.setattr(images, "open_image", lambda p: decoded.append(p) or open_image(p))
+    raw = _cfg(src, tgt, factory_module, tmp_path, freeze_backbone=True)
+    with pytest.raises(ImageDataError) as frozen:
+        load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    assert len(decoded) == len(set(decoded)) == 24  # 12 + 12 images, one decode each
+    err = capsys.readouterr().err  # the plain progress lines of a log name the domain
+    assert "extracting features of the target domain 'tgt': 12/12 (100%)" in err
+    with pytest.raises(ImageDataError) as check:  # the decode check of a fine-tuned backbone
+        load_task(parse_config(raw).data)
+    assert str(frozen.value) == str(check.value)
+    assert "2 image(s) missing or unreadable" in str(check.value)
+
+    raw["data"].update(skip_bad_images=True, cache_dir=str(tmp_path / "cache_b"))
+    cfg = parse_config(raw)
+    decoded.clear()
+    task = load_task(cfg.data, 0, cfg.model)
+    assert len(decoded) == 24
+    skipped = sorted(Path(p).name for p in task.notes["skipped_images"])
+    assert skipped == ["img 2.jpg", "img 3.jpg"]
+    assert task.notes["features"]["source"]["cache"] == "miss"
+    assert len(task.source) == 11 and len(task.target) == 11
+    decoded.clear()
+    again = load_task(cfg.data, 0, cfg.model)  # the same files: nothing decoded again
+    assert not decoded and again.notes["features"]["target"]["cache"] == "hit"
+    assert sorted(Path(p).name for p in again.notes["skipped_images"]) == skipped
+    assert torch.equal(again.target.x, task.target.x) and torch.equal(again.source.y, task.source.y)
+    raw["data"]["skip_bad_images"] = False
+    with pytest.raises(ImageDataError) as known:
+        load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    assert not decoded and str(known.value) == str(check.value)
+
+    # the same features as a run whose image folders never held the bad images
+    (src / "images" / "blue" / "img 2.jpg").unlink()
+    (tgt / "images" / "blue" / "img 3.jpg").unlink()
+    raw["data"]["cache_dir"] = str(tmp_path / "cache2")
+    clean = load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    assert torch.equal(clean.target.x, task.target.x) and torch.equal(clean.source.x, task.source.x)
+    assert not clean.notes["skipped_images"]
+
+
+def test_frozen_backbone_lists_a_missing_image_with_the_unreadable_ones(
+    domains: tuple[Path, Path], tmp_path: Path, factory_module: str
+) -> None:
+    """A listed image that is gone: the whole check runs before any extraction (one error
+    with every problem), or with ``skip_bad_images`` it is dropped before the extraction."""
+    src, tgt = domains
+    (tgt / "images" / "blue" / "img 3.jpg").write_bytes(b"")
+    images = scan_domain_folder(tgt)
+    images.paths.append(tgt / "images" / "blue" / "gone.jpg")
+    images.labels.append(1)
+    lst = write_image_list(images, tmp_path / "tgt.txt", checksums=False)
+    raw = _cfg(src, lst, factory_module, tmp_path, freeze_backbone=True)
+    with pytest.raises(ImageDataError) as frozen:
+        load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    with pytest.raises(ImageDataError) as check:
+        load_task(parse_config(raw).data)
+    assert str(frozen.value) == str(check.value)
+    assert "gone.jpg: missing" in str(check.value) and "img 3.jpg: unreadable" in str(check.value)
+    assert not list((tmp_path / "cache").glob("*.pt"))  # reported before any extraction
+    raw["data"]["skip_bad_images"] = True
+    task = load_task(parse_config(raw).data, 0, parse_config(raw).model)
+    skipped = sorted(Path(p).name for p in task.notes["skipped_images"])
+    assert skipped == ["gone.jpg", "img 3.jpg"] and len(task.target) == 11
 
 
 def test_image_config_errors() -> None:

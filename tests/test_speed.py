@@ -122,5 +122,28 @@ def test_bench_jobs_matches_one_process_and_resumes(tmp_path: Path, capsys) -> N
     assert main([*args, "--jobs", "0"]) == 2
 
 
+def test_bench_workers_fork_and_keep_a_task_over_seeds(tmp_path: Path) -> None:
+    """One thread a worker on Linux: forked workers (no imports again); a worker keeps its
+    loaded task over seeds unless the data depend on the seed (toy)."""
+    from eada.config import parse_config
+
+    if sys.platform.startswith("linux"):
+        assert bench.worker_start_method(1) == "fork"
+    assert bench.worker_start_method(2) == "spawn"  # OpenMP pools do not survive a fork
+    with pytest.MonkeyPatch.context() as mp:  # nor does a CUDA context
+        mp.setattr(torch.cuda, "is_available", lambda: True)
+        assert bench.worker_start_method(1) == "spawn"
+    cache = bench._TaskCache()
+    toy = [cache.get(r.config) for r in bench.build_grid(["toy"], ["random"], [0, 1], TINY)]
+    assert toy[0] is not toy[1]  # the toy data depend on the seed
+    for role in ("s", "t"):
+        x = np.eye(4, dtype=np.float32)
+        np.savez(tmp_path / f"{role}.npz", features=x, labels=np.array([0, 1, 0, 1]))
+    data = {"kind": "features", "source": str(tmp_path / "s.npz")}
+    data["target"] = str(tmp_path / "t.npz")
+    feats = [cache.get(parse_config({"data": data, "seed": seed})) for seed in (0, 1)]
+    assert feats[0] is feats[1]  # read once for both seeds
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))

@@ -36,6 +36,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -185,7 +186,8 @@ class _LabelAllTarget:
 
 
 class _TaskCache:
-    """Keeps the last loaded task (the grid loops over methods within one task and seed)."""
+    """Keeps the last loaded task (the grid loops over methods within one task and seed; a
+    worker of ``--jobs`` keeps it over seeds too: only the toy data depend on the seed)."""
 
     def __init__(self) -> None:
         self.key: str | None = None
@@ -195,8 +197,9 @@ class _TaskCache:
         from eada.data.tasks import load_task
         from eada.train.loop import resolve_device
 
+        seed = cfg.seed if cfg.data.kind == "toy" else None  # load_task's seed: the toy's only
         key = json.dumps(
-            [cfg.data.model_dump(mode="json"), cfg.model.model_dump(mode="json"), cfg.seed],
+            [cfg.data.model_dump(mode="json"), cfg.model.model_dump(mode="json"), seed],
             sort_keys=True,
         )
         if key != self.key:
@@ -319,9 +322,10 @@ def run_grid(
         out: output folder (``runs.jsonl``, ``grid.json``, ``meta.json``).
         progress: receives one line per run.
         max_runs: stop after this many NEW runs (``None``: all).
-        jobs: worker processes (``> 1``: spawned processes with ``threads`` threads each,
-            appending to ``runs.jsonl`` concurrently; the records are the same as one
-            process's, the order of the lines is that of completion).
+        jobs: worker processes (``> 1``: :func:`worker_start_method` processes with
+            ``threads`` threads each, each taking run after run and appending to
+            ``runs.jsonl`` concurrently; the records are the same as one process's, the order
+            of the lines is that of completion).
         threads: thread count of each worker process (only with ``jobs > 1``).
 
     Raises:
@@ -389,9 +393,65 @@ def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, 
 
 
 def _worker_init(threads: int) -> None:
+    from threadpoolctl import threadpool_limits
+
     from eada.threads import set_threads
 
     set_threads(threads)
+    threadpool_limits(limits=threads)  # BLAS pools a forked worker inherits from the parent
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """On Linux, a worker ends when the ``eada bench`` process is killed (``SIGKILL``
+    included) instead of living on as an orphan: the grid resumes from ``runs.jsonl``."""
+    import multiprocessing
+    import signal
+
+    parent = multiprocessing.parent_process()
+    if not sys.platform.startswith("linux") or parent is None:
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # no prctl here: as before (an orphan may live on)
+        return
+    if os.getppid() != parent.pid:  # the parent died before prctl
+        os._exit(1)
+
+
+#: What every run imports on first use (the first ``torch.optim`` optimizer imports
+#: ``torch._dynamo``, ~1 s; the domain statistics scikit-learn): imported ONCE by the parent
+#: before it forks the workers, instead of once by each worker.
+RUN_MODULES = (
+    "eada.experiment",
+    "eada.reports.domain_stats",
+    "torch._dynamo",
+    "sklearn.linear_model",
+    "sklearn.model_selection",
+    "sklearn.pipeline",
+    "sklearn.preprocessing",
+)
+
+
+def worker_start_method(threads: int) -> str:
+    """How ``eada bench --jobs`` starts its workers: ``"fork"`` on Linux without CUDA when each
+    worker runs one thread (the default), else ``"spawn"``.
+
+    A forked worker starts in milliseconds with the parent's imports (torch, eada,
+    :data:`RUN_MODULES`); a spawned one imports them again (~2-4 s a worker, against runs of
+    ~1 s in a grid of small runs). With one thread a worker never enters an OpenMP parallel
+    region, so an OpenMP pool of the parent (which does not survive a fork) is never used.
+    With more threads, with CUDA (a CUDA context does not survive a fork either) and where
+    fork is not the platform's safe default (macOS, Windows), the workers are spawned."""
+    import multiprocessing
+
+    if threads == 1 and sys.platform.startswith("linux") and not torch.cuda.is_available():
+        if "fork" in multiprocessing.get_all_start_methods():
+            return "fork"
+    return "spawn"
 
 
 def _run_parallel(
@@ -402,13 +462,20 @@ def _run_parallel(
     threads: int,
     progress: Callable[[str], None] | None,
 ) -> list[dict[str, Any]]:
-    """Run ``todo`` in ``jobs`` worker processes (spawned, ``threads`` threads each); every
-    worker appends its own records to ``log`` as each run finishes, so an interrupted grid
-    resumes as a sequential one does. A failing run stops the grid with its error once the
-    runs already started have finished."""
+    """Run ``todo`` in ``jobs`` worker processes (:func:`worker_start_method`, ``threads``
+    threads each; a worker takes run after run and keeps its last task loaded); every worker
+    appends its own records to ``log`` as each run finishes, so an interrupted grid resumes as
+    a sequential one does. A failing run stops the grid with its error once the runs already
+    started have finished."""
+    import importlib
     import multiprocessing
+    import warnings
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
+    method = worker_start_method(threads)
+    if method == "fork":
+        for name in RUN_MODULES:
+            importlib.import_module(name)
     names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
     saved = {k: os.environ.get(k) for k in names}
     os.environ.update({k: str(threads) for k in names})  # inherited by the spawned workers
@@ -416,14 +483,16 @@ def _run_parallel(
     try:
         with ProcessPoolExecutor(
             max_workers=min(jobs, len(todo)),
-            mp_context=multiprocessing.get_context("spawn"),
+            mp_context=multiprocessing.get_context(method),
             initializer=_worker_init,
             initargs=(threads,),
         ) as pool:
-            pending = {pool.submit(_run_and_append, run, log, code): run for run in todo}
+            with warnings.catch_warnings():  # Python >= 3.12 warns of any thread (BLAS pools)
+                warnings.filterwarnings("ignore", "This process .* use of fork", DeprecationWarning)
+                pending = {pool.submit(_run_and_append, run, log, code): run for run in todo}
             if progress:
                 n = min(jobs, len(todo))
-                progress(f"{len(todo)} runs in {n} processes, {threads} thread(s) each")
+                progress(f"{len(todo)} runs in {n} {method}ed processes, {threads} thread(s) each")
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)  # progress per run
                 for fut in finished:
@@ -649,7 +718,7 @@ def add_parser(sub: Any) -> None:
     b = sub.add_parser(
         "bench",
         help="grid of tasks x methods x seeds, resumable, paper-style tables",
-        description=__doc__,
+        description=plain_text(__doc__ or ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     b.add_argument(
@@ -689,6 +758,16 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--table-only", action="store_true", help="print the tables of OUT only")
     b.add_argument("--dry-run", action="store_true", help="validate the grid and list it")
     b.set_defaults(func=cmd_bench)
+
+
+def plain_text(doc: str) -> str:
+    """``doc`` without its reStructuredText markup, for ``--help``.
+
+    >>> plain_text("``eada bench`` runs :data:`eada.hparams.METHODS` (:func:`~eada.x.f`)")
+    'eada bench runs eada.hparams.METHODS (f)'
+    """
+    doc = re.sub(r":[a-z]+:`~[\w.]*?(\w+)`", r"\1", doc)  # :func:`~a.b` -> b
+    return re.sub(r":[a-z]+:`([^`]+)`", r"\1", doc).replace("``", "")
 
 
 def _split(text: str) -> list[str]:

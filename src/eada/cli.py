@@ -264,7 +264,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eada", description="Active domain adaptation (EADA).")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="the paper's toy example over several seeds (no download)")
+    d = sub.add_parser(
+        "demo",
+        help="the paper's toy example over several seeds (no download)",
+        description="The paper's toy example (Fig. 5): Source-only, Random, EADA and EADA "
+        "without the alignment loss on the toy protocol, over several seeds. Prints the target "
+        "errors (mean +- std) beside the paper's and writes OUT/results.json, the runs and a "
+        "Fig.-5-like figure of the first seed. Nothing is downloaded; about 20 s on 2 cores.",
+    )
     d.add_argument("--seeds", type=int, default=3, help="number of seeds (default 3)")
     d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     add_threads_argument(d)
@@ -327,7 +334,20 @@ def build_parser() -> argparse.ArgumentParser:
     from eada.store.cli import add_store_commands  # init, query, label import, train, ...
 
     add_store_commands(sub)
+    _describe_commands(p)
     return p
+
+
+def _describe_commands(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand without a description its one-line help as one, so that
+    ``eada CMD --help`` says what CMD does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                if sub.description is None and helps.get(name):
+                    sub.description = str(helps[name])[:1].upper() + str(helps[name])[1:] + "."
+                _describe_commands(sub)
 
 
 def _silence_stdout() -> None:

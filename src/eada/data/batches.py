@@ -49,11 +49,18 @@ def iterate_inputs(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tor
     >>> [x.flatten().tolist() for x in iterate_inputs(d, [torch.tensor([4, 1])])]
     [[4.0, 1.0]]
     """
+    for x, _ in iterate_items(domain, batches):
+        yield x
+
+
+def iterate_items(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tuple[Any, Any]]:
+    """:func:`iterate_inputs` with each batch's second field: ``(inputs, labels)`` (or what a
+    ``Dataset`` returns second, e.g. :class:`~eada.data.images.DecodeChecked`'s reasons)."""
     on_batch = _ON_BATCH.get()
     total = len(batches)
     if isinstance(domain, TensorDomain):
         for i, b in enumerate(batches):
-            yield domain.x[b]
+            yield domain.x[b], domain.y[b]
             if on_batch is not None:
                 on_batch(i + 1, total)
         return
@@ -65,8 +72,8 @@ def iterate_inputs(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tor
         num_workers=int(getattr(domain, "workers", 0)),
         pin_memory=bool(getattr(domain, "pin_memory", False)),
     )
-    for i, (x, _) in enumerate(loader):
-        yield x
+    for i, (x, second) in enumerate(loader):
+        yield x, second
         if on_batch is not None:
             on_batch(i + 1, total)
 

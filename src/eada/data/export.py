@@ -113,8 +113,9 @@ def export_features(cfg: ExperimentConfig, out: Path, device: str = "cpu") -> di
         )
     output_paths(out, [])  # check the name before any work
     model = cfg.model.model_copy(update={"freeze_backbone": True})
-    lists, _ = checked_image_lists(cfg.data, cached_feature_domains(cfg.data, model))
-    domains, notes = image_domains(cfg.data, model, lists, device, _say)
+    check = cached_feature_domains(cfg.data, model, device, _say)
+    lists, _ = checked_image_lists(cfg.data, check, check.extract if check else None)
+    domains, notes = image_domains(cfg.data, model, lists, device, _say, check)
     feats = {role: d.x for role, d in domains.items()}
     files = output_paths(out, list(lists))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -288,16 +288,20 @@ def extract_features(
     domain: Any,
     batch_size: int = 64,
     device: torch.device | str = "cpu",
+    reasons: list[str] | None = None,
+    what: str = "extracting features",
 ) -> torch.Tensor:
     """Features ``(N, D)`` of every sample of ``domain`` (eval mode, in order).
 
     Conv nets run in ``channels_last`` memory format (faster on CPU and GPU); on CUDA under
-    bfloat16 autocast, the output cast back to float32.
+    bfloat16 autocast, the output cast back to float32. ``reasons``: receives the second field
+    of every sample in order (a :class:`~eada.data.images.DecodeChecked` domain's decode
+    failures). ``what`` names the pass in the progress bar and the plain log lines.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from eada.data.batches import chunks, iterate_inputs, report_batches
+    from eada.data.batches import chunks, iterate_items, report_batches
 
     dev = torch.device(device)
     backbone = backbone.to(dev).to(memory_format=torch.channels_last).eval()
@@ -305,7 +309,7 @@ def extract_features(
     console = Console(stderr=True)
     # a bar with ETA on a terminal; plain lines (every 10% or 30 s) when stderr is not one
     bar = Progress(
-        "  extracting features",
+        f"  {what}",
         BarColumn(),
         MofNCompleteColumn(),
         "left",
@@ -315,7 +319,7 @@ def extract_features(
         transient=True,
     )
     task = bar.add_task("features", total=None)
-    plain = PlainProgress("extracting features", len(domain)) if not console.is_terminal else None
+    plain = PlainProgress(what, len(domain)) if not console.is_terminal else None
 
     def on_batch(done: int, total: int) -> None:
         bar.update(task, total=total, completed=done)
@@ -323,7 +327,9 @@ def extract_features(
             plain.update(min(len(domain), done * batch_size))
 
     with bar, report_batches(on_batch):
-        for x in iterate_inputs(domain, chunks(torch.arange(len(domain)), batch_size)):
+        for x, second in iterate_items(domain, chunks(torch.arange(len(domain)), batch_size)):
+            if reasons is not None:
+                reasons.extend(second)
             x = x.to(dev, non_blocking=True).contiguous(memory_format=torch.channels_last)
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                 out.append(backbone(x).float().cpu())
@@ -337,18 +343,27 @@ def cached_features(
     domain: Any,
     batch_size: int = 64,
     device: torch.device | str = "cpu",
+    what: str = "extracting features",
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """:func:`extract_features`, read from ``cache_dir/<key>.pt`` when there (saved after
     a miss). Returns the features and ``{"cache": "hit"|"miss", "file", "seconds"}``."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
     f = cache_dir / f"{key}.pt"
     t0 = time.perf_counter()
     if f.is_file():
         feats = torch.load(f, map_location="cpu", weights_only=True)
         if isinstance(feats, torch.Tensor) and feats.shape[0] == len(domain):
             return feats, {"cache": "hit", "file": str(f), "seconds": time.perf_counter() - t0}
-    feats = extract_features(backbone, domain, batch_size, device)
-    tmp = f.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs never share a partial file
+    feats = extract_features(backbone, domain, batch_size, device, what=what)
+    save_cached_features(cache_dir, key, feats)
+    return feats, {"cache": "miss", "file": str(f), "seconds": time.perf_counter() - t0}
+
+
+def save_cached_features(cache_dir: Path, key: str, feats: torch.Tensor) -> Path:
+    """Write ``feats`` to ``cache_dir/<key>.pt`` (atomically: concurrent runs never read a
+    partial file) and return the file."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    f = cache_dir / f"{key}.pt"
+    tmp = f.with_suffix(f".{os.getpid()}.tmp")
     torch.save(feats, tmp)
     tmp.replace(f)
-    return feats, {"cache": "miss", "file": str(f), "seconds": time.perf_counter() - t0}
+    return f

@@ -2,21 +2,32 @@
 
 Called by :func:`eada.data.tasks.load_task` for ``data.kind: images`` and ``features``. Every
 check runs before any training: class maps, label ids, empty domains, and every image decoded
-once; all unreadable or missing images are reported together, and the run stops unless
+once (for a frozen backbone by the first feature extraction itself, :class:`FeatureCheck`);
+all unreadable or missing images are reported together, and the run stops unless
 ``skip_bad_images: true``, in which case they are dropped and listed in ``Task.notes``
 (written into the run's record).
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from eada.config import FeatureData, ImageListData, ModelConfig
 from eada.data.base import Task, TensorDomain
-from eada.data.features import cache_key, cached_features, feature_domains, read_feature_file
+from eada.data.features import (
+    cache_key,
+    cached_features,
+    extract_features,
+    feature_domains,
+    read_feature_file,
+    save_cached_features,
+)
 from eada.data.images import (
+    DecodeChecked,
     ImageDataError,
     ImageDomain,
     ImageList,
@@ -58,7 +69,9 @@ def backbone_normalization(model: ModelConfig, name: str) -> Normalization:
 
 
 def checked_image_lists(
-    cfg: ImageListData, decoded: Callable[[str, ImageList], bool] | None = None
+    cfg: ImageListData,
+    decoded: Callable[[str, ImageList], bool] | None = None,
+    extract: Callable[[str, ImageList], dict[Path, str]] | None = None,
 ) -> tuple[dict[str, ImageList], dict[str, str]]:
     """The source/target/heldout image lists after every check; returns them and the skipped
     images (``{path: reason}``, empty unless ``skip_bad_images``).
@@ -66,7 +79,8 @@ def checked_image_lists(
     ``decoded(role, images)`` says that a domain's images need no decoding check: they were
     all decoded when its cached features were extracted (the cache key covers every path,
     size and modification time), so a re-run does not decode every image again
-    (:func:`cached_feature_domains`).
+    (:func:`cached_feature_domains`). ``extract``: the decode check done by the feature
+    extraction (:meth:`FeatureCheck.extract`, see :func:`drop_bad_images`).
 
     Raises:
         ImageDataError: label ids outside the class map, class names that differ, an empty
@@ -91,7 +105,7 @@ def checked_image_lists(
             report.errors.append("heldout and target class names differ")
     if not report.ok:
         raise ImageDataError("image data check failed:\n" + report.format())
-    lists, bad = drop_bad_images(lists, cfg.skip_bad_images, decoded)
+    lists, bad = drop_bad_images(lists, cfg.skip_bad_images, decoded, extract)
     if bad:
         for role in ("source", "target"):
             if not lists[role].paths:
@@ -103,19 +117,31 @@ def drop_bad_images(
     lists: dict[str, ImageList],
     skip: bool,
     decoded: Callable[[str, ImageList], bool] | None = None,
+    extract: Callable[[str, ImageList], dict[Path, str]] | None = None,
 ) -> tuple[dict[str, ImageList], dict[Path, str]]:
     """Decode every image of ``lists`` (but the domains ``decoded(role, images)`` vouches
     for) and return the lists without the missing/unreadable ones, and those (``{path:
     reason}``).
 
+    ``extract(role, images)`` (a frozen backbone's :meth:`FeatureCheck.extract`): the decoding
+    is the feature extraction's, which returns the bad images of the domain, so each image is
+    decoded once. A missing file is found first (``stat``); with one and without ``skip``
+    every image is decoded here instead, so the error lists every problem before any
+    extraction.
+
     Raises:
         ImageDataError: any missing/unreadable image unless ``skip``
             (``data.skip_bad_images``), every one listed.
     """
-    paths = sorted(
-        {p for r, il in lists.items() if decoded is None or not decoded(r, il) for p in il.paths}
-    )
-    bad = find_bad_images(paths)
+    roles = [r for r, il in lists.items() if decoded is None or not decoded(r, il)]
+    paths = sorted({p for r in roles for p in lists[r].paths})
+    missing = {p: "missing" for p in paths if not p.is_file()} if extract is not None else {}
+    if extract is None or (missing and not skip):
+        bad = find_bad_images(paths)
+    else:
+        bad = dict(missing)
+        for r in roles:
+            bad.update(extract(r, lists[r].drop(set(missing)) if missing else lists[r]))
     if bad and not skip:
         listing = "\n  ".join(f"{p}: {r}" for p, r in sorted(bad.items()))
         raise ImageDataError(
@@ -131,30 +157,142 @@ def load_image_task(
     cfg: ImageListData, model: ModelConfig | None = None, device: str = "cpu"
 ) -> Task:
     """Image domains, or (``model.freeze_backbone``) cached backbone features of them."""
-    lists, skipped = checked_image_lists(cfg, cached_feature_domains(cfg, model))
-    domains, notes = image_domains(cfg, model, lists, device)
+    check = cached_feature_domains(cfg, model, device)
+    lists, skipped = checked_image_lists(cfg, check, check.extract if check else None)
+    domains, notes = image_domains(cfg, model, lists, device, check=check)
     notes = {"skipped_images": skipped, **notes}
     return Task(domains["source"], domains["target"], domains.get("heldout"), notes)
 
 
+class FeatureCheck:
+    """The feature cache of a frozen backbone, and the decode check done by its extraction.
+
+    ``check(role, images)``: whether the cache holds that domain's features (its images were
+    all decoded when they were extracted, so they need no decoding check). :meth:`extract`
+    extracts a domain's features, decoding each image ONCE, and returns the missing or
+    unreadable ones (the check and the extraction in one pass); :func:`image_domains` then
+    takes those features (less the rows of images dropped) instead of extracting again.
+    ``progress`` gets a plain line before and after each extraction, naming the domain.
+    """
+
+    def __init__(
+        self,
+        cfg: ImageListData,
+        model: ModelConfig,
+        device: str = "cpu",
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
+        import torch
+
+        from eada.models.backbones import build_backbone
+
+        self.cfg, self.progress = cfg, progress
+        self.backbone = build_backbone(
+            model.backbone, model.weights, model.factory, cfg.transforms.normalization
+        )
+        self.spec = transform_spec(cfg)
+        self.tkey = transform_key("test", self.spec, self.backbone.normalization)
+        self.model_id = model.factory or model.backbone
+        dev = "cuda" if device == "auto" and torch.cuda.is_available() else device
+        self.device = "cpu" if dev == "auto" else dev
+        self._extracted: dict[str, tuple[ImageList, Any, dict[str, Any]]] = {}
+
+    def key(self, images: ImageList) -> str:
+        """The feature cache key of ``images`` (every path, size and modification time)."""
+        return cache_key(self.model_id, self.backbone.weights_id, self.tkey, images.paths)
+
+    def __call__(self, role: str, images: ImageList) -> bool:
+        if not all(p.is_file() for p in images.paths):
+            return False  # a missing image: the check names it
+        return (self.cfg.cache_dir / f"{self.key(images)}.pt").is_file()
+
+    def domain(self, images: ImageList) -> ImageDomain:
+        """``images`` read through the backbone's test view."""
+        tfm = build_transform("test", self.spec, self.backbone.normalization)
+        shape = (3, self.spec.crop, self.spec.crop)
+        return ImageDomain(images, {"test": tfm}, shape, self.cfg.workers, "test")
+
+    def describe(self, role: str, images: ImageList) -> str:
+        """``"<backbone> features of the <role> domain '<name>' (<n> images)"``."""
+        return (
+            f"{self.model_id} features of the {role} domain {images.name!r} ({len(images)} images)"
+        )
+
+    def extract(self, role: str, images: ImageList) -> dict[Path, str]:
+        """Extract the features of ``images``, decoding each image once, and return the
+        missing/unreadable ones (``{path: reason}``). The features of the readable images
+        are cached under their key and, when some are bad, the bad ones under the key of
+        ``images`` (``<key>.bad.json``), so a re-run over the same files decodes nothing."""
+        import torch
+
+        if not images.paths:
+            return {}
+        t0 = time.perf_counter()
+        what = self.describe(role, images)
+        cache = self.cfg.cache_dir
+        known = cache / f"{self.key(images)}.bad.json"
+        if known.is_file():  # these files were checked: the same bad images
+            bad = {Path(p): r for p, r in json.loads(known.read_text()).items()}
+            kept = images.drop(set(bad))
+            f = cache / f"{self.key(kept)}.pt" if kept.paths else known
+            if f.suffix == ".pt" and f.is_file():
+                feats = torch.load(f, map_location="cpu", weights_only=True)
+                info = {"cache": "hit", "file": str(f), "seconds": time.perf_counter() - t0}
+                self._extracted[role] = (kept, feats, info)
+                if self.progress is not None:
+                    self.progress(f"{what}: read from the cache in {info['seconds']:.1f} s")
+                return bad
+        if self.progress is not None:
+            self.progress(f"{what} ...")
+        reasons: list[str] = []
+        feats = extract_features(
+            self.backbone.module,
+            DecodeChecked(self.domain(images)),
+            self.cfg.extract_batch_size,
+            self.device,
+            reasons,
+            f"extracting features of the {role} domain {images.name!r}",
+        )
+        bad = {p: r for p, r in zip(images.paths, reasons, strict=True) if r}
+        kept = images
+        if bad:
+            kept = images.drop(set(bad))
+            feats = feats[[i for i, r in enumerate(reasons) if not r]]
+            cache.mkdir(parents=True, exist_ok=True)
+            known.write_text(json.dumps({str(p): r for p, r in bad.items()}, indent=1) + "\n")
+        saved = save_cached_features(cache, self.key(kept), feats) if kept.paths else None
+        info = {"cache": "miss", "file": str(saved), "seconds": time.perf_counter() - t0}
+        self._extracted[role] = (kept, feats, info)
+        if self.progress is not None:
+            self.progress(f"{what}: extracted in {info['seconds']:.1f} s")
+        return bad
+
+    def take(self, role: str, images: ImageList) -> tuple[Any, dict[str, Any]] | None:
+        """The features :meth:`extract` made of ``role`` for ``images`` (its readable images
+        less any dropped since, then cached under their key) and their cache info, once;
+        ``None`` when it extracted none."""
+        if role not in self._extracted:
+            return None
+        done, feats, info = self._extracted.pop(role)
+        if done.paths != images.paths:  # images dropped in another domain: keep their rows
+            row = {p: i for i, p in enumerate(done.paths)}
+            feats = feats[[row[p] for p in images.paths]]
+            info["file"] = str(save_cached_features(self.cfg.cache_dir, self.key(images), feats))
+        return feats, info
+
+
 def cached_feature_domains(
-    cfg: ImageListData, model: ModelConfig | None
-) -> Callable[[str, ImageList], bool] | None:
-    """For a frozen backbone: ``(role, images) -> bool``, whether the feature cache holds that
-    domain's features (then its images need no decoding check); ``None`` otherwise."""
+    cfg: ImageListData,
+    model: ModelConfig | None,
+    device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
+) -> FeatureCheck | None:
+    """For a frozen backbone: its :class:`FeatureCheck` (``check(role, images)``: whether the
+    feature cache holds that domain's features, so its images need no decoding check;
+    ``check.extract``: the decode check by the extraction); ``None`` otherwise."""
     if model is None or not model.freeze_backbone:
         return None
-    from eada.models.backbones import build_backbone
-
-    bb = build_backbone(model.backbone, model.weights, model.factory, cfg.transforms.normalization)
-    tkey = transform_key("test", transform_spec(cfg), bb.normalization)
-    model_id = model.factory or model.backbone
-
-    def cached(role: str, il: ImageList) -> bool:
-        key = cache_key(model_id, bb.weights_id, tkey, il.paths)
-        return (cfg.cache_dir / f"{key}.pt").is_file()
-
-    return cached
+    return FeatureCheck(cfg, model, device, progress)
 
 
 def image_domains(
@@ -163,42 +301,43 @@ def image_domains(
     lists: dict[str, ImageList],
     device: str = "cpu",
     progress: Callable[[str], None] | None = None,
+    check: FeatureCheck | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The domain of every checked image list (``{role: ImageList}``): image datasets, or
     (``model.freeze_backbone``) in-memory features extracted once and cached. ``progress``
-    gets a plain line before and after each domain's extraction, naming it. Returns the
-    domains by role and notes (feature cache hits/misses)."""
-    import torch
-
+    gets a plain line before and after each domain's extraction, naming it. ``check``: the
+    :class:`FeatureCheck` that checked the lists; the features its extraction made are used,
+    not extracted again. Returns the domains by role and notes (feature cache hits/misses)."""
     model = model if model is not None else ModelConfig(name="backbone")
     spec = transform_spec(cfg)
     norm = backbone_normalization(model, cfg.transforms.normalization)
     notes: dict[str, Any] = {}
     domains: dict[str, Any] = {}
     if model.freeze_backbone:
-        from eada.models.backbones import build_backbone
-
-        bb = build_backbone(
-            model.backbone, model.weights, model.factory, cfg.transforms.normalization
-        )
-        tfm = build_transform("test", spec, bb.normalization)
-        tkey = transform_key("test", spec, bb.normalization)
-        model_id = model.factory or model.backbone
-        dev = "cuda" if device == "auto" and torch.cuda.is_available() else device
-        dev = "cpu" if dev == "auto" else dev
-        notes["features"] = {"backbone": model_id, "weights": bb.weights_id, "view": "test"}
+        fc = check if check is not None else FeatureCheck(cfg, model, device)
+        bb = fc.backbone
+        notes["features"] = {"backbone": fc.model_id, "weights": bb.weights_id, "view": "test"}
         for role, il in lists.items():
-            ds = ImageDomain(il, {"test": tfm}, (3, spec.crop, spec.crop), cfg.workers, "test")
-            key = cache_key(model_id, bb.weights_id, tkey, il.paths)
-            what = f"{model_id} features of the {role} domain {il.name!r} ({len(il)} images)"
-            if progress is not None:
-                progress(f"{what} ...")
-            feats, info = cached_features(
-                cfg.cache_dir, key, bb.module, ds, cfg.extract_batch_size, dev
-            )
-            if progress is not None:
-                how = "read from the cache" if info["cache"] == "hit" else "extracted"
-                progress(f"{what}: {how} in {info['seconds']:.1f} s")
+            ds = fc.domain(il)
+            taken = fc.take(role, il)  # extracted (and checked) already
+            if taken is None:
+                what = fc.describe(role, il)
+                if progress is not None:
+                    progress(f"{what} ...")
+                feats, info = cached_features(
+                    cfg.cache_dir,
+                    fc.key(il),
+                    bb.module,
+                    ds,
+                    cfg.extract_batch_size,
+                    fc.device,
+                    f"extracting features of the {role} domain {il.name!r}",
+                )
+                if progress is not None:
+                    how = "read from the cache" if info["cache"] == "hit" else "extracted"
+                    progress(f"{what}: {how} in {info['seconds']:.1f} s")
+            else:
+                feats, info = taken
             notes["features"][role] = info
             domains[role] = TensorDomain(il.name, feats, ds.y, list(il.classes))
     else:

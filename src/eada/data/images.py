@@ -293,18 +293,24 @@ def index_folder(folder: str | Path, out: str | Path, checksums: bool = True) ->
     return images
 
 
-def _probe(path: Path) -> str | None:
-    """``None`` if ``path`` decodes as an image, else the reason."""
+def open_image(path: Path) -> tuple[Any, str | None]:
+    """``(RGB PIL image, None)`` if ``path`` decodes as an image, else ``(None, reason)``:
+    ``missing`` or ``unreadable (ErrorType: message)``."""
     from PIL import Image
 
     if not path.is_file():
-        return "missing"
+        return None, "missing"
     try:
         with Image.open(path) as im:
             im.load()
+            return im.convert("RGB"), None
     except Exception as err:
-        return f"unreadable ({type(err).__name__}: {err})"
-    return None
+        return None, f"unreadable ({type(err).__name__}: {err})"
+
+
+def _probe(path: Path) -> str | None:
+    """``None`` if ``path`` decodes as an image, else the reason."""
+    return open_image(path)[1]
 
 
 def find_bad_images(paths: Sequence[Path], threads: int = 4) -> dict[Path, str]:
@@ -432,3 +438,25 @@ class ImageDomain(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         except Exception as err:  # a file that changed after the check
             raise ImageDataError(f"cannot read image {path}: {err}") from err
         return self.transforms[self.current](img), self.y[int(i)]
+
+
+class DecodeChecked(Dataset[tuple[torch.Tensor, str]]):
+    """``domain``'s images (its current view) as ``(image tensor, "")``, and a missing or
+    undecodable one as ``(zeros, reason)`` (the reason :func:`find_bad_images` gives): the
+    decode check done BY a pass that decodes every image anyway (the first feature extraction
+    of a frozen backbone), so no image is decoded twice."""
+
+    def __init__(self, domain: ImageDomain) -> None:
+        self.domain = domain
+        self.workers = domain.workers
+        self.pin_memory = domain.pin_memory
+
+    def __len__(self) -> int:
+        return len(self.domain)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, str]:
+        d = self.domain
+        img, reason = open_image(d.images.paths[int(i)])
+        if img is None:
+            return torch.zeros(d.input_shape), str(reason)
+        return d.transforms[d.current](img), ""

@@ -198,9 +198,10 @@ def load_store_images(
     """The domains of an image project (any backbone, frozen through the feature cache or
     fine-tuned), the file of every sample by role, and the target's ids.
 
-    Every image is decoded once before anything else; all missing or unreadable ones are
-    listed in one error (``data.skip_bad_images: true`` drops them)."""
-    from eada.data.image_tasks import drop_bad_images, image_domains
+    Every image is decoded once before any training (for a frozen backbone by its first
+    feature extraction; not at all when the feature cache holds the domain); all missing or
+    unreadable ones are listed in one error (``data.skip_bad_images: true`` drops them)."""
+    from eada.data.image_tasks import cached_feature_domains, drop_bad_images, image_domains
     from eada.data.tasks import Task
 
     source = load_image_list(data.source, data.root)
@@ -212,14 +213,17 @@ def load_store_images(
     lists = {"source": source, "target": target}
     if data.heldout is not None:
         lists["heldout"] = labeled_heldout(Path(data.heldout), source.classes, data.root)
-    lists, bad = drop_bad_images(lists, data.skip_bad_images)
+    check = cached_feature_domains(data, model, device, progress)
+    lists, bad = drop_bad_images(
+        lists, data.skip_bad_images, check, check.extract if check else None
+    )
     if bad:
         keep = [i for i, p in enumerate(target.paths) if p not in bad]
         info = SampleInfo([info.ids[i] for i in keep] if info.ids else [], [])
     for role, il in lists.items():
         if not il.paths:
             raise ImageDataError(f"{role} {il.name!r}: no images")
-    domains, notes = image_domains(data, model, lists, device, progress)
+    domains, notes = image_domains(data, model, lists, device, progress, check)
     task = Task(domains["source"], domains["target"], domains.get("heldout"), notes)
     files: dict[str, list[Path] | None] = {k: list(v.paths) for k, v in lists.items()}
     return task, files, info
