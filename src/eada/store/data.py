@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from eada.config import ExperimentConfig
 from eada.data.base import TensorDomain
-from eada.data.images import ImageDataError, scan_domain_folder
+from eada.data.images import ImageDataError, open_image, scan_domain_folder
 from eada.data.tasks import Task, load_task
 from eada.data.transforms import fixed_size_transform
 from eada.store.config import (  # noqa: F401  (build_config, resolved_config: moved there)
@@ -61,19 +60,20 @@ def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
 
 
 def decode_image(path: Path, image_size: int, channels: int) -> torch.Tensor:
-    """Decode one image to a model-ready ``(channels, S, S)`` tensor: the torchvision view
+    """Decode one image to a model-ready ``(channels, S, S)`` tensor: opened as every image
+    of eada is (:func:`eada.data.images.open_image`), then the torchvision view
     :func:`eada.data.transforms.fixed_size_transform` (resize to ``S x S``, ``[0, 1]``,
     ``(x - 0.5) / 0.5``).
 
     Raises:
-        ValueError: naming the file when it is not a readable image (corrupt or truncated).
+        ValueError: naming the file when it is not a readable image (missing, corrupt or
+            truncated).
     """
-    try:
-        with Image.open(path) as raw:
-            raw.load()
-            im = raw.convert("RGB" if channels == 3 else "L")
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
-        raise ValueError(f"corrupt or unreadable image {path}: {err}") from None
+    im, reason = open_image(Path(path))
+    if im is None:
+        raise ValueError(f"corrupt or unreadable image {path}: {reason}")
+    if channels == 1:
+        im = im.convert("L")
     return fixed_size_transform(image_size, channels)(im)
 
 
