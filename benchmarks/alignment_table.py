@@ -1,5 +1,5 @@
 """The alignment variants side by side on every in-repo task: `train.alignment` paper, centered,
-balanced.
+balanced, normalized (the default).
 
 Collects final target accuracies (whole target set, last epoch) from the committed run records
 and the new runs under ``benchmarks/results/alignment`` and writes
@@ -13,7 +13,8 @@ and the new runs under ``benchmarks/results/alignment`` and writes
   (which ran with the paper's alignment) and ``eada_no_fea`` from the committed grids
   ``bench_digits`` / ``bench_office31``; EADA centred and balanced from ``alignment/digits``,
   ``alignment/office31`` (digits seeds that ran in other lanes: ``alignment/digits_seed1``,
-  ``alignment/digits_seed2``).
+  ``alignment/digits_seed2``);
+* the baselines on the toy and on SURF: ``toy/`` and ``surf/<S>-<T>/`` (a method that ran there).
 
 A cell lists its seeds; one with fewer than 3 seeds is marked. Nothing is trained here.
 
@@ -45,6 +46,7 @@ BASELINES = [
     "tqs",
     "clue",
 ]
+VARIANTS = ("paper", "centered", "balanced", "normalized")
 SURF = ["C-A", "C-W", "C-D", "A-C", "A-W", "A-D", "W-C", "W-A", "W-D", "D-C", "D-A", "D-W"]
 
 
@@ -132,7 +134,7 @@ def summarize(cells: dict[str, dict[str, dict[int, float]]]) -> dict[str, Any]:
         best = max(base, key=lambda b: stats[b]["mean"]) if base else None
         entry: dict[str, Any] = {"rows": stats, "best_baseline": best}
         n = stats.get("eada_no_fea")
-        for variant in ("paper", "centered", "balanced"):
+        for variant in VARIANTS:
             v = stats.get(f"eada_{variant}")
             if v and n:
                 entry[f"{variant}_minus_no_fea"] = v["mean"] - n["mean"]
@@ -140,51 +142,86 @@ def summarize(cells: dict[str, dict[str, dict[int, float]]]) -> dict[str, Any]:
     return out
 
 
+def _cell(st: dict[str, Any] | None) -> str:
+    if st is None:
+        return "missing"
+    mark = "" if len(st["seeds"]) >= 3 else f" (seeds {st['seeds']})"
+    return f"{st['mean']:.1f} ± {st['std']:.1f}{mark}"
+
+
+def _diff(e: dict[str, Any], variant: str) -> str:
+    key = f"{variant}_minus_no_fea"
+    return f"{e[key]:+.1f}" if key in e else "–"
+
+
 def markdown(summary: dict[str, Any]) -> str:
-    """One row a task."""
+    """Two tables, a row a task: the default (``normalized``) against the paper's loss,
+    w/o ``L_fea``, Random and the best baseline; then every variant's difference to w/o
+    ``L_fea``."""
     head = [
         "task",
         "Random",
         "best baseline",
         "EADA w/o L_fea",
         "EADA paper",
-        "EADA centered",
-        "EADA balanced",
+        "EADA normalized (default)",
+        "normalized - w/o L_fea",
         "paper - w/o L_fea",
-        "centered - w/o L_fea",
-        "balanced - w/o L_fea",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-    def cell(st: dict[str, Any] | None) -> str:
-        if st is None:
-            return "missing"
-        mark = "" if len(st["seeds"]) >= 3 else f" (seeds {st['seeds']})"
-        return f"{st['mean']:.1f} ± {st['std']:.1f}{mark}"
-
     for task, e in summary.items():
         rows = e["rows"]
         best = e["best_baseline"]
-        best_cell = f"{cell(rows[best])} ({METHOD_LABELS[best]})" if best else "not run"
-        keys = ("paper_minus_no_fea", "centered_minus_no_fea", "balanced_minus_no_fea")
-        diff = [f"{e[k]:+.1f}" if k in e else "–" for k in keys]
-        lines.append(
-            "| "
-            + " | ".join(
-                [
-                    task,
-                    cell(rows.get("random")),
-                    best_cell,
-                    cell(rows.get("eada_no_fea")),
-                    cell(rows.get("eada_paper")),
-                    cell(rows.get("eada_centered")),
-                    cell(rows.get("eada_balanced")),
-                    *diff,
-                ]
-            )
-            + " |"
-        )
+        best_cell = f"{_cell(rows[best])} ({METHOD_LABELS[best]})" if best else "not run"
+        cells = [
+            task,
+            _cell(rows.get("random")),
+            best_cell,
+            _cell(rows.get("eada_no_fea")),
+            _cell(rows.get("eada_paper")),
+            _cell(rows.get("eada_normalized")),
+            _diff(e, "normalized"),
+            _diff(e, "paper"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    head2 = ["task", *(f"{v} - w/o L_fea" for v in VARIANTS), "EADA centered", "EADA balanced"]
+    lines += ["", "| " + " | ".join(head2) + " |", "|" + "---|" * len(head2)]
+    for task, e in summary.items():
+        rows = e["rows"]
+        cells = [
+            task,
+            *(_diff(e, v) for v in VARIANTS),
+            _cell(rows.get("eada_centered")),
+            _cell(rows.get("eada_balanced")),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *criterion(summary)]
     return "\n".join(lines)
+
+
+def criterion(summary: dict[str, Any]) -> list[str]:
+    """The issue's acceptance rule per variant: the worst difference to w/o ``L_fea`` over the
+    tasks, the tasks more than a point below, and the share of the paper's gain kept where the
+    paper's loss gains more than a point."""
+    out = []
+    for v in VARIANTS:
+        diffs = {t: e[f"{v}_minus_no_fea"] for t, e in summary.items() if f"{v}_minus_no_fea" in e}
+        if not diffs:
+            continue
+        worst = min(diffs, key=lambda t: diffs[t])
+        below = [f"{t} {d:+.1f}" for t, d in diffs.items() if d < -1.0]
+        gains = [
+            (t, diffs[t], summary[t]["paper_minus_no_fea"])
+            for t in diffs
+            if summary[t].get("paper_minus_no_fea", 0.0) > 1.0
+        ]
+        kept = sum(g for _, g, _ in gains) / sum(p for _, _, p in gains) if gains else float("nan")
+        out.append(
+            f"- `{v}`: {len(diffs)} tasks; worst {diffs[worst]:+.1f} ({worst}); more than 1 point "
+            f"below w/o L_fea: {', '.join(below) if below else 'none'}; where the paper's loss "
+            f"gains > 1 point ({len(gains)} tasks) it keeps {100 * kept:.0f}% of that gain."
+        )
+    return out
 
 
 def main() -> int:

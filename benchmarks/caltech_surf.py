@@ -6,7 +6,9 @@ each domain z-scored: the JDA code's preprocessing), an MLP energy network (one 
 batch 32, gamma 0.01, 50 epochs, rounds of 1% at the end of epochs 10-18). Also a 1-nearest-
 neighbour classifier on the same features (scikit-learn), to compare with the published 1-NN
 reference points (JDA, Long et al. 2013: C->A 23.7, A->W 29.8, W->D 59.2), which checks that
-the data, labels and preprocessing are read correctly.
+the data, labels and preprocessing are read correctly. EADA here runs the paper's L_fea
+(``train.alignment: paper``), as the committed runs did; the default variant is compared in
+BENCHMARKS.md ("Alignment variants").
 
 Usage (repository root, ../shared/data beside it):
 
@@ -96,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
             for m in methods:
                 sets = [f"{a}.{k}={v}" for a, d in METHODS[m].items() for k, v in d.items()]
                 sets += [f"data.source={src}", f"data.target={tgt}", f"name=surf/{task}"]
+                # the committed runs predate train.alignment: they ran the paper's L_fea
+                sets.append("train.alignment=paper")
 
                 def make(seed: int, sets: list[str] = sets) -> Any:
                     return load_config(CONFIG, [*sets, f"seed={seed}"])

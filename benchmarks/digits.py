@@ -9,7 +9,7 @@ Usage (from the repository root, ../shared/data beside it):
 Every (task, method) writes ``OUT/<task>/<method>/runs.jsonl`` (one line per finished seed), so
 an interrupted benchmark resumes where it stopped. The summary goes to ``OUT.json`` and the
 Markdown table to stdout (pasted into BENCHMARKS.md). EADA here runs the paper's L_fea
-(``train.alignment: paper``), as the committed runs did; the default ``balanced`` variant is
+(``train.alignment: paper``), as the committed runs did; the default ``normalized`` variant is
 compared in BENCHMARKS.md ("Alignment variants").
 """
 

@@ -11,6 +11,9 @@ records, on a fixed random subset of the source and the target (test view, ``eva
   ``F`` and ``G`` (the histograms over epochs), the mean per-sample spread of the shape
   (``std_y`` of ``E - m``), the target accuracy of the subset and the share of each predicted
   class on the target (a collapse onto few classes shows there);
+* the energy scale: the joint RMS of both domains' recentred energies
+  (:func:`eada.energy.alignment_scale` without its floor), what the ``normalized`` alignment
+  divides by and what the confidence feedback grows;
 * the energy head's common-mode parameters: the mean row ``w_bar`` (norm) and mean bias
   ``b_bar`` of the last linear layer (``m(x) = w_bar . h(x) + b_bar``);
 * gradient norms, on a fixed batch, of each loss term: ``NLL(source)`` and ``gamma * L_fea``
@@ -70,6 +73,16 @@ def domain_stats(e: torch.Tensor) -> dict[str, Any]:
     }
 
 
+def _align_loss(
+    model: nn.Module, xs: torch.Tensor, xt: torch.Tensor, delta: float, alignment: str
+) -> torch.Tensor:
+    """``L_fea`` on the fixed target batch; ``normalized`` takes its scale from the source and
+    target batches together, as the trainer does."""
+    et = model(xt)
+    scale = E.alignment_scale(model(xs), et) if alignment == "normalized" else None
+    return E.free_energy_alignment_loss(et, delta, alignment=alignment, scale=scale)
+
+
 def grad_norms(
     trainer: ActiveDATrainer, xs: torch.Tensor, ys: torch.Tensor, xt: torch.Tensor
 ) -> dict[str, float]:
@@ -84,10 +97,7 @@ def grad_norms(
     out: dict[str, float] = {}
     for name, loss_fn in (
         ("nll_source", lambda: E.energy_nll(model(xs), ys)),
-        (
-            "align",
-            lambda: gamma * E.free_energy_alignment_loss(model(xt), delta, alignment=t.alignment),
-        ),
+        ("align", lambda: gamma * _align_loss(model, xs, xt, delta, t.alignment)),
     ):
         grads = torch.autograd.grad(loss_fn(), params, allow_unused=True)
         sq = sum(float((g**2).sum()) for g in grads if g is not None)
@@ -142,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             ],
             "source": domain_stats(es),
             "target": domain_stats(et),
+            # the joint RMS of the recentred energies (eada.energy.alignment_scale, no floor)
+            "energy_scale": float(E.alignment_scale(es, et, floor=1e-12)),
             "head_w_bar_norm": float(head.weight.detach().mean(0).norm()),
             "head_b_bar": float(head.bias.detach().mean()) if head.bias is not None else 0.0,
             **grad_norms(trainer, xs, ys, xt),
@@ -151,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             f"epoch {epoch}: acc {rec['target_accuracy_subset']:.1f} delta {rec['delta']:.2f} "
             f"m_s {rec['source']['common_mean']:.2f} m_t {rec['target']['common_mean']:.2f} "
             f"G_s {rec['source']['G_mean']:.2f} G_t {rec['target']['G_mean']:.2f} "
+            f"scale {rec['energy_scale']:.2f} "
             f"|g_nll| {rec['grad_nll_source']:.3g} |g_align| {rec['grad_align']:.3g} "
             f"(common {rec['grad_align_common_share']:.2f})",
             flush=True,

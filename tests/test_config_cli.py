@@ -241,11 +241,11 @@ def test_digits_end_to_end_one_round(digits_root: Path, tmp_path: Path) -> None:
 
 
 def test_alignment_option_default_and_paper_pins(tmp_path: Path) -> None:
-    """The balanced alignment is the default; configs that reproduce the paper pin `paper`; an
+    """The normalized alignment is the default; configs that reproduce the paper pin `paper`; an
     unknown variant is named with its key path."""
     from eada.hparams import preset_config
 
-    assert preset_config("digits/mnist-usps", "eada").train.alignment == "balanced"
+    assert preset_config("digits/mnist-usps", "eada").train.alignment == "normalized"
     assert preset_config("toy", "eada").train.alignment == "paper"  # the paper's Fig. 5
     for name in ("office31_amazon_webcam", "office_home_ar_cl", "visda2017"):
         assert load_config(Path("configs") / f"{name}.yaml").train.alignment == "paper"

@@ -16,6 +16,7 @@ from eada.energy import (
     DeltaEstimator,
     alignment_free_energy,
     alignment_runaway,
+    alignment_scale,
     balanced_free_energy,
     centered_free_energy,
     energy_from_logits,
@@ -23,6 +24,7 @@ from eada.energy import (
     free_energy,
     free_energy_alignment_loss,
     mvsm,
+    normalized_free_energy,
 )
 
 E3 = torch.tensor([[0.0, 1.0, 3.0], [2.0, -1.0, 0.5]], dtype=torch.float64)
@@ -570,3 +572,41 @@ def test_balanced_gradient_cannot_move_the_class_marginal_or_the_common_mode() -
     shifted = e + torch.randn(1, 5, dtype=torch.float64) + torch.randn(16, 1, dtype=torch.float64)
     assert torch.allclose(balanced_free_energy(shifted), balanced_free_energy(e))
     assert (balanced_free_energy(e) <= -math.log(5) + 1e-12).all()
+
+
+def test_normalized_alignment_is_scale_free_and_gives_the_scale_no_gradient() -> None:
+    g = torch.Generator().manual_seed(4)
+    es = 4 * torch.randn(12, 5, generator=g, dtype=torch.float64)
+    et = 2 * torch.randn(10, 5, generator=g, dtype=torch.float64)
+
+    def loss(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        s = alignment_scale(a, b)
+        return free_energy_alignment_loss(b, -2.0, reduction="sum", alignment="normalized", scale=s)
+
+    for k in (3.0, 10.0):  # the value does not change when every energy is scaled
+        assert torch.allclose(loss(k * es, k * et), loss(es, et))
+    assert not torch.allclose(  # unlike the balanced variant's
+        balanced_free_energy(3 * et), balanced_free_energy(et)
+    )
+    a, b = es.clone().requires_grad_(True), et.clone().requires_grad_(True)
+    loss(a, b).backward()
+    assert a.grad is not None and b.grad is not None and b.grad.abs().sum() > 0
+    # Euler: the derivative along E -> kE (both batches) is zero; no common mode, no marginal
+    along_scale = (a.grad * es).sum() + (b.grad * et).sum()
+    assert abs(float(along_scale)) < 1e-9
+    for grad in (a.grad, b.grad):
+        assert torch.allclose(grad.sum(1), torch.zeros_like(grad.sum(1)), atol=1e-12)
+        assert torch.allclose(grad.sum(0), torch.zeros_like(grad.sum(0)), atol=1e-12)
+    assert (normalized_free_energy(et, alignment_scale(es, et)) <= -math.log(5) + 1e-12).all()
+
+
+def test_normalized_alignment_below_one_nat_is_the_balanced_one() -> None:
+    e = 0.01 * torch.randn(6, 3, generator=torch.Generator().manual_seed(5))
+    assert alignment_scale(e, e).item() == 1.0
+    assert torch.allclose(
+        alignment_free_energy(e, "normalized", scale=1.0), balanced_free_energy(e)
+    )
+    with pytest.raises(ValueError, match="needs the joint energy scale"):
+        alignment_free_energy(e, "normalized")
+    with pytest.raises(ValueError, match="at least one batch"):
+        alignment_scale()

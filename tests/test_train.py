@@ -107,7 +107,7 @@ def _history(deltas: list[float], aligns: list[float]) -> list[dict]:
     ]
 
 
-@pytest.mark.parametrize("alignment", ["paper", "centered", "balanced"])
+@pytest.mark.parametrize("alignment", ["paper", "centered", "balanced", "normalized"])
 def test_centered_alignment_leaves_the_common_mode_alone(alignment: str) -> None:
     """Under SGD the NLL's gradient has no common-mode part, so the head's mean bias moves only
     through L_fea: steadily down with the paper's F, not at all with the centred G (nor B)."""

@@ -185,11 +185,13 @@ class TrainConfig(_Strict):
     definition); the shorter stream restarts with a new shuffle. ``batch_size`` is per process:
     under ``torchrun`` with ``W`` processes a step sees ``W x batch_size`` samples a stream.
 
-    ``alignment``: ``balanced`` (default) compares the shift-invariant free energy
-    ``G = F - mean_y E`` of the target energies taken relative to the batch's class means with
-    the source's running mean of the same quantity; ``centered`` uses ``G`` per sample;
-    ``paper`` the free energy ``F`` itself (paper Eq. 5). See
-    :func:`eada.energy.balanced_free_energy` and :func:`eada.energy.centered_free_energy`.
+    ``alignment``: ``normalized`` (default) compares the shift-invariant free energy
+    ``G = F - mean_y E`` of the target energies, taken relative to the batch's class means and
+    divided by the joint energy scale of the source and target batches (scale-free), with the
+    source's running mean of the same quantity; ``balanced`` skips the division; ``centered``
+    uses ``G`` per sample; ``paper`` the free energy ``F`` itself (paper Eq. 5). See
+    :func:`eada.energy.normalized_free_energy`, :func:`eada.energy.balanced_free_energy` and
+    :func:`eada.energy.centered_free_energy`.
 
     ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``
     one pass over the concatenated batches with per-stream batch norm (same maths, see
@@ -218,11 +220,12 @@ class TrainConfig(_Strict):
     forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
     channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
     loaders: Literal["continuous", "per_epoch"] = "continuous"  # see the class docstring
-    # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): G = F - mean_y E of the
-    # energies relative to the batch's class means by default ("balanced"), the per-sample G
-    # ("centered"), or the paper's F (configs that reproduce the paper pin it);
+    # which free energy L_fea and Delta use (eada.energy.ALIGNMENTS): by default G = F - mean_y E
+    # of the energies relative to the batch's class means, divided by the joint energy scale of
+    # the source and target batches ("normalized"); without the division ("balanced"); the
+    # per-sample G ("centered"); or the paper's F (configs that reproduce the paper pin it);
     # BENCHMARKS.md "Alignment variants"
-    alignment: Literal["paper", "centered", "balanced"] = "balanced"
+    alignment: Literal["paper", "centered", "balanced", "normalized"] = "normalized"
 
 
 class ActiveConfig(_Strict, RoundSchedule):

@@ -31,6 +31,7 @@ __all__ = [
     "DeltaEstimator",
     "alignment_free_energy",
     "alignment_runaway",
+    "alignment_scale",
     "balanced_free_energy",
     "centered_free_energy",
     "energy_from_logits",
@@ -38,6 +39,7 @@ __all__ = [
     "free_energy",
     "free_energy_alignment_loss",
     "mvsm",
+    "normalized_free_energy",
 ]
 
 
@@ -139,21 +141,108 @@ def balanced_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tens
     return centered_free_energy(energies - energies.mean(dim=0, keepdim=True), tau)
 
 
-ALIGNMENTS = ("paper", "centered", "balanced")
+def alignment_scale(*batches: torch.Tensor, floor: float = 1.0) -> torch.Tensor:
+    """The energy scale ``sigma`` of the ``normalized`` alignment: the root mean square of the
+    batches' recentred energies, ``sqrt(mean_{i,y} (E(x_i,y) - mean_j E(x_j,y) - m_i)^2)``
+    (each batch taken relative to its own class means, ``m_i`` the sample's remaining mean over
+    the classes), over all given batches together, and at least ``floor`` nats.
+
+    Gradients flow through it: a loss on ``E / sigma`` is then unchanged when every energy of
+    the batches is multiplied by the same ``k`` (while ``sigma >= floor``), so it gives that
+    direction no gradient. Below ``floor`` the energies are left as they are (the early epochs,
+    when they start near 0).
+
+    Args:
+        batches: ``(N_b, C)`` energies, e.g. a source batch and an unlabeled target batch.
+        floor: the least scale, in nats (``> 0``).
+
+    Returns:
+        a 0-dim tensor.
+
+    Example:
+        >>> import torch
+        >>> Es = torch.tensor([[0.0, 4.0], [4.0, 0.0]])
+        >>> Et = torch.tensor([[0.0, 2.0], [2.0, 0.0]])
+        >>> alignment_scale(Es, Et)  # recentred: +-2 (source) and +-1 (target)
+        tensor(1.5811)
+        >>> alignment_scale(Es / 10, Et / 10)  # below 1 nat: left as it is
+        tensor(1.)
+    """
+    if not batches:
+        raise ValueError("alignment_scale needs at least one batch of energies")
+    if floor <= 0:
+        raise ValueError(f"floor must be > 0, got {floor}")
+    squares = []
+    for energies in batches:
+        _check_energies(energies)
+        rec = energies - energies.mean(dim=0, keepdim=True)
+        squares.append((rec - rec.mean(dim=1, keepdim=True)).pow(2).flatten())
+    return torch.clamp(torch.cat(squares).mean().sqrt(), min=floor)
+
+
+def normalized_free_energy(
+    energies: torch.Tensor, scale: torch.Tensor | float, tau: float = 1.0
+) -> torch.Tensor:
+    """Scale-free balanced free energy ``N(x_i) = B(E(x_i, .) / sigma)``: the balanced free
+    energy (:func:`balanced_free_energy`) of the energies divided by the joint scale ``sigma``
+    of the source and target batches (:func:`alignment_scale`).
+
+    ``G`` and ``B`` fix the common mode and the class marginal, but not the *scale*: multiplying
+    every energy by ``k > 1`` makes every sample more confident and lowers ``B`` of both domains
+    about ``k``-fold. An alignment loss on ``B`` can therefore lower itself by growing the
+    scale through the shared weights; the source grows with the target, ``Delta`` follows it
+    down and the hinge is never met (the confidence feedback measured in BENCHMARKS.md: on SURF
+    dslr->amazon ``Delta_B`` fell from -8 to -14 over epochs 20-50, against -9 without ``L_fea``,
+    while accuracy decayed 4 points). Dividing by ``sigma`` leaves what the alignment is for, the
+    target's confidence *relative to the source's*, and removes the scale: with ``sigma`` taken
+    over both batches (and gradients through it), scaling all energies of both changes neither
+    the loss nor ``Delta``, so the loss gives that direction no gradient, and ``Delta`` stays
+    bounded (``N <= -log(C) / tau``, and ``N >= -sqrt(n C)`` for ``n`` samples).
+
+    Args:
+        energies: ``(N, C)`` energies of one batch.
+        scale: ``sigma`` from :func:`alignment_scale` over this batch and the other domain's.
+        tau: reverse temperature, ``> 0``.
+
+    Returns:
+        ``(N,)`` values.
+
+    Example:
+        >>> import torch
+        >>> Es = torch.tensor([[0.0, 4.0], [4.0, 0.0]])
+        >>> Et = torch.tensor([[0.0, 2.0], [2.0, 0.0]])
+        >>> s = alignment_scale(Es, Et)
+        >>> normalized_free_energy(Es, s), normalized_free_energy(Et, s)  # source sharper
+        (tensor([-1.3416, -1.3416]), tensor([-0.8811, -0.8811]))
+        >>> normalized_free_energy(10 * Et, alignment_scale(10 * Es, 10 * Et))  # scale-free
+        tensor([-0.8811, -0.8811])
+        >>> balanced_free_energy(Et), balanced_free_energy(10 * Et)  # B is not
+        (tensor([-1.1269, -1.1269]), tensor([-10., -10.]))
+    """
+    return balanced_free_energy(energies / scale, tau)
+
+
+ALIGNMENTS = ("paper", "centered", "balanced", "normalized")
 """The alignment variants (``train.alignment``): which free energy ``L_fea`` and ``Delta`` use.
 
 * ``paper``: ``F`` (Eq. 5), as the paper and the authors' code;
 * ``centered``: ``G = F - mean_y E`` (:func:`centered_free_energy`), the shift-invariant part;
 * ``balanced``: ``G`` of the energies taken relative to the batch's class means
-  (:func:`balanced_free_energy`): neither the common mode nor the class marginal gets a gradient.
+  (:func:`balanced_free_energy`): neither the common mode nor the class marginal gets a gradient;
+* ``normalized``: ``balanced`` divided by the joint energy scale of the source and target
+  batches (:func:`normalized_free_energy`): nor does the overall scale.
 """
 
 
 def alignment_free_energy(
-    energies: torch.Tensor, alignment: str = "paper", tau: float = 1.0
+    energies: torch.Tensor,
+    alignment: str = "paper",
+    tau: float = 1.0,
+    scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """The free energy the alignment loss compares: ``F`` (``"paper"``), the centred ``G``
-    (``"centered"``) or ``G`` relative to the batch's class means (``"balanced"``); see
+    (``"centered"``), ``G`` relative to the batch's class means (``"balanced"``) or that divided
+    by the joint energy scale ``scale`` (``"normalized"``, which needs it); see
     :data:`ALIGNMENTS`.
 
     Example:
@@ -168,6 +257,12 @@ def alignment_free_energy(
         return centered_free_energy(energies, tau)
     if alignment == "balanced":
         return balanced_free_energy(energies, tau)
+    if alignment == "normalized":
+        if scale is None:
+            raise ValueError(
+                "alignment 'normalized' needs the joint energy scale (eada.energy.alignment_scale)"
+            )
+        return normalized_free_energy(energies, scale, tau)
     raise ValueError(f"alignment must be one of {', '.join(ALIGNMENTS)}; got {alignment!r}")
 
 
@@ -226,6 +321,7 @@ def free_energy_alignment_loss(
     tau: float = 1.0,
     reduction: Literal["mean", "sum", "none"] = "mean",
     alignment: str = "paper",
+    scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Free-energy alignment loss ``L_fea(x) = max(0, F(x) - Delta)`` (paper Eq. 8).
 
@@ -243,9 +339,12 @@ def free_energy_alignment_loss(
         delta: the running source level of the same free energy (no gradient flows into it).
         tau: reverse temperature for the free energy.
         reduction: ``"mean"`` (the paper's expectation), ``"sum"`` or ``"none"``.
-        alignment: ``"paper"`` (``F``), ``"centered"`` (``G``) or ``"balanced"`` (``G`` relative
-            to the batch's class means: ``energies`` must then be one batch), see
+        alignment: ``"paper"`` (``F``), ``"centered"`` (``G``), ``"balanced"`` (``G`` relative
+            to the batch's class means: ``energies`` must then be one batch) or
+            ``"normalized"`` (``balanced`` over the joint energy scale ``scale``), see
             :data:`ALIGNMENTS`.
+        scale: the joint energy scale of the source and target batches
+            (:func:`alignment_scale`), for ``alignment="normalized"`` only.
 
     Example:
         >>> import torch
@@ -257,7 +356,8 @@ def free_energy_alignment_loss(
     """
     if isinstance(delta, torch.Tensor):
         delta = delta.detach()
-    per_sample = torch.clamp(alignment_free_energy(energies, alignment, tau) - delta, min=0.0)
+    values = alignment_free_energy(energies, alignment, tau, scale)
+    per_sample = torch.clamp(values - delta, min=0.0)
     if reduction == "none":
         return per_sample
     return per_sample.sum() if reduction == "sum" else per_sample.mean()

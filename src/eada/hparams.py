@@ -15,7 +15,7 @@ Digits protocol (LeNet from scratch; fixed once for every method): Adam lr 1e-3,
 gamma 0.01, alpha1 0.5, 7 epochs with a round of 1% of the target at the end of epochs 1-5, so
 the accuracy after round r is measured after one more epoch of training with its labels and the
 5% result after two. One epoch = max(#source, #target) batches. EADA's alignment loss: the
-default variant (``train.alignment: balanced``, BENCHMARKS.md).
+default variant (``train.alignment: normalized``, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "model": {"name": "linear"},
         "optim": {"name": "adadelta", "lr": 0.1},
-        # the paper's Fig. 5: its L_fea (on F), pinned (the default is the balanced variant)
+        # the paper's Fig. 5: its L_fea (on F), pinned (the default is the normalized variant)
         "train": {"epochs": 40, "batch_size": 32, "gamma": 0.01, "alignment": "paper"},
         "active": {
             "strategy": "eada",

@@ -165,7 +165,7 @@ class SegTrainConfig(_Strict):
     eval_batch_size: int = Field(1, ge=1)
     log_every: int = Field(100, ge=1)
     # the free energy of L_fea and Delta per pixel (eada.energy.ALIGNMENTS): the paper's F here,
-    # since the centred variant (the classification default) is not measured on segmentation
+    # since the other variants are not measured on segmentation (docs/segmentation.md)
     alignment: Literal["paper", "centered", "balanced"] = "paper"
 
 

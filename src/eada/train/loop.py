@@ -486,13 +486,18 @@ class ActiveDATrainer:
         energies = self._step([x.to(dev, non_blocking=True) for x in batches])
         e_s = energies[0]
         loss_s = energy_ops.energy_nll(e_s, ys.to(dev), tau=t.tau)
-        f_s = energy_ops.alignment_free_energy(e_s.detach(), t.alignment, t.tau)
+        scale = None
+        if t.alignment == "normalized":  # the joint scale of the source and unlabeled batches
+            scale = energy_ops.alignment_scale(e_s, *energies[1:2] if use_u else [])
+        f_s = energy_ops.alignment_free_energy(
+            e_s.detach(), t.alignment, t.tau, None if scale is None else scale.detach()
+        )
         delta = self.delta.update(dist_ops.all_mean(f_s.mean()) if self.world > 1 else f_s)
         loss = t.delta_s * loss_s
         out = {"loss_source": float(loss_s.detach()), "delta": delta}
         if use_u:
             loss_u = energy_ops.free_energy_alignment_loss(
-                energies[1], delta, tau=t.tau, alignment=t.alignment
+                energies[1], delta, tau=t.tau, alignment=t.alignment, scale=scale
             )
             loss = loss + t.gamma * loss_u
             out["loss_align"] = float(loss_u.detach())
