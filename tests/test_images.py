@@ -210,14 +210,16 @@ def test_frozen_backbone_checks_images_in_its_extraction(
     assert task.notes["features"]["source"]["cache"] == "miss"
     assert len(task.source) == 11 and len(task.target) == 11
     decoded.clear()
-    again = load_task(cfg.data, 0, cfg.model)  # the same files: nothing decoded again
-    assert not decoded and again.notes["features"]["target"]["cache"] == "hit"
+    again = load_task(cfg.data, 0, cfg.model)  # the same files: only the bad ones decoded again
+    assert sorted(p.name for p in decoded) == skipped
+    assert again.notes["features"]["target"]["cache"] == "hit"
     assert sorted(Path(p).name for p in again.notes["skipped_images"]) == skipped
     assert torch.equal(again.target.x, task.target.x) and torch.equal(again.source.y, task.source.y)
     raw["data"]["skip_bad_images"] = False
+    decoded.clear()
     with pytest.raises(ImageDataError) as known:
         load_task(parse_config(raw).data, 0, parse_config(raw).model)
-    assert not decoded and str(known.value) == str(check.value)
+    assert len(decoded) == 2 and str(known.value) == str(check.value)
 
     # the same features as a run whose image folders never held the bad images
     (src / "images" / "blue" / "img 2.jpg").unlink()
@@ -226,6 +228,44 @@ def test_frozen_backbone_checks_images_in_its_extraction(
     clean = load_task(parse_config(raw).data, 0, parse_config(raw).model)
     assert torch.equal(clean.target.x, task.target.x) and torch.equal(clean.source.x, task.source.x)
     assert not clean.notes["skipped_images"]
+
+
+def test_frozen_backbone_rechecks_the_images_it_found_bad(
+    domains: tuple[Path, Path], tmp_path: Path, factory_module: str, monkeypatch
+) -> None:
+    """An image unreadable at the first extraction for a reason that leaves its size and time
+    alone (a permission, a network file system) is decoded again by a re-run, not taken as
+    bad from ``<key>.bad.json``; a re-run decodes only the images found bad."""
+    from eada.data import images
+
+    src, tgt = domains
+    flaky = tgt / "images" / "blue" / "img 3.jpg"
+    decoded: list[Path] = []
+    open_image = images.open_image
+
+    def failing(p: Path):  # type: ignore[no-untyped-def]
+        decoded.append(p)
+        return (None, "unreadable (PermissionError: denied)") if p == flaky else open_image(p)
+
+    monkeypatch.setattr(images, "open_image", failing)
+    raw = _cfg(src, tgt, factory_module, tmp_path, freeze_backbone=True)
+    raw["data"]["skip_bad_images"] = True
+    cfg = parse_config(raw)
+    first = load_task(cfg.data, 0, cfg.model)
+    assert [Path(p) for p in first.notes["skipped_images"]] == [flaky] and len(first.target) == 11
+    assert list((tmp_path / "cache").glob("*.bad.json"))
+    decoded.clear()
+    again = load_task(cfg.data, 0, cfg.model)  # still unreadable: only it is decoded again
+    assert decoded == [flaky] and again.notes["skipped_images"] == first.notes["skipped_images"]
+    assert torch.equal(again.target.x, first.target.x)
+
+    monkeypatch.setattr(images, "open_image", lambda p: decoded.append(p) or open_image(p))
+    decoded.clear()
+    fixed = load_task(cfg.data, 0, cfg.model)  # readable now: the whole domain again
+    assert not fixed.notes["skipped_images"] and len(fixed.target) == 12
+    assert flaky in decoded and fixed.notes["features"]["target"]["cache"] == "miss"
+    decoded.clear()
+    assert len(load_task(cfg.data, 0, cfg.model).target) == 12 and not decoded
 
 
 def test_frozen_backbone_lists_a_missing_image_with_the_unreadable_ones(

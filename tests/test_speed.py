@@ -119,6 +119,13 @@ def test_bench_jobs_matches_one_process_and_resumes(tmp_path: Path, capsys) -> N
     assert len(lines) == 4 and len({r["key"] for r in lines}) == 4  # the first one not re-run
     assert {r["torch_threads"] for r in lines[1:]} == {1}
     assert {r["key"]: r["final"] for r in lines} == {r["key"]: r["final"] for r in one}
+
+    def same(r: dict) -> list:  # what does not depend on timing: the losses, queries, energies
+        snaps = [{**s, "seconds": None} for s in r["domain_stats"]["snapshots"]]
+        stats = {**r["domain_stats"], "seconds": None, "snapshots": snaps}
+        return [r["epochs"], [x.get("selected") for x in r["rounds"]], stats, r["best_epoch"]]
+
+    assert {r["key"]: same(r) for r in lines} == {r["key"]: same(r) for r in one}
     assert main([*args, "--jobs", "0"]) == 2
 
 
@@ -143,6 +150,49 @@ def test_bench_workers_fork_and_keep_a_task_over_seeds(tmp_path: Path) -> None:
     data["target"] = str(tmp_path / "t.npz")
     feats = [cache.get(parse_config({"data": data, "seed": seed})) for seed in (0, 1)]
     assert feats[0] is feats[1]  # read once for both seeds
+
+
+def _same_task(a, b) -> None:  # type: ignore[no-untyped-def]
+    """``a`` and ``b`` hold the same domains (names, classes, inputs, labels) and notes."""
+    assert a.notes == b.notes
+    for role in ("source", "target", "heldout"):
+        da, db = getattr(a, role), getattr(b, role)
+        assert (da is None) == (db is None), role
+        if da is None:
+            continue
+        assert (da.name, da.classes, da.input_shape) == (db.name, db.classes, db.input_shape)
+        assert torch.equal(da.x, db.x) and torch.equal(da.y, db.y), role
+
+
+@pytest.mark.parametrize(
+    ("task", "sets"),
+    [
+        ("digits/mnist-usps", []),  # a held-out split too
+        ("configs/office_caltech10_surf.yaml", ["train.epochs=2", "active.rounds_at=[1]"]),
+    ],
+)
+def test_a_task_kept_over_seeds_is_the_one_a_fresh_load_gives(task: str, sets: list[str]) -> None:
+    """A worker's task reused for another seed, after a run on it, is exactly what loading the
+    task for that seed gives (only the toy data depend on the seed), on real data."""
+    from eada.data.tasks import load_task
+    from eada.experiment import run_once
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root.parent / "shared" / "data").is_dir():
+        pytest.skip("real data absent (../shared/data)")
+    if task.endswith(".yaml"):
+        task = str(root / task)
+    runs = bench.build_grid([task], ["eada"], [0, 3], sets)
+    cache = bench._TaskCache()
+    kept = cache.get(runs[0].config)
+    if not task.startswith("digits"):  # a run on it (cheap here) must not change it
+        run_once(runs[0].config, kept, record_stats=False)
+    assert cache.get(runs[1].config) is kept
+    cfg = runs[1].config
+    fresh = load_task(cfg.data, cfg.seed, cfg.model)
+    if "target_missing_classes" in kept.notes:
+        fresh.check()  # what the run did to the notes (no class missing: no warning)
+    _same_task(kept, fresh)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,6 +11,7 @@ all unreadable or missing images are reported together, and the run stops unless
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -222,7 +223,10 @@ class FeatureCheck:
         """Extract the features of ``images``, decoding each image once, and return the
         missing/unreadable ones (``{path: reason}``). The features of the readable images
         are cached under their key and, when some are bad, the bad ones under the key of
-        ``images`` (``<key>.bad.json``), so a re-run over the same files decodes nothing."""
+        ``images`` (``<key>.bad.json``), so a re-run over the same files decodes only the
+        images found bad (an image can fail without a change of its size or time: a
+        permission, a network file system; one that decodes now sends the domain through a
+        new extraction)."""
         import torch
 
         if not images.paths:
@@ -231,17 +235,18 @@ class FeatureCheck:
         what = self.describe(role, images)
         cache = self.cfg.cache_dir
         known = cache / f"{self.key(images)}.bad.json"
-        if known.is_file():  # these files were checked: the same bad images
-            bad = {Path(p): r for p, r in json.loads(known.read_text()).items()}
-            kept = images.drop(set(bad))
-            f = cache / f"{self.key(kept)}.pt" if kept.paths else known
-            if f.suffix == ".pt" and f.is_file():
-                feats = torch.load(f, map_location="cpu", weights_only=True)
+        bad = _read_bad_images(known)
+        kept = images.drop(set(bad))
+        f = cache / f"{self.key(kept)}.pt"
+        if bad and kept.paths and f.is_file():  # these files were checked: the bad ones again
+            still = find_bad_images(sorted(bad))
+            feats = torch.load(f, map_location="cpu", weights_only=True)
+            if set(still) == set(bad) and feats.shape[0] == len(kept):
                 info = {"cache": "hit", "file": str(f), "seconds": time.perf_counter() - t0}
                 self._extracted[role] = (kept, feats, info)
                 if self.progress is not None:
                     self.progress(f"{what}: read from the cache in {info['seconds']:.1f} s")
-                return bad
+                return still
         if self.progress is not None:
             self.progress(f"{what} ...")
         reasons: list[str] = []
@@ -259,7 +264,9 @@ class FeatureCheck:
             kept = images.drop(set(bad))
             feats = feats[[i for i, r in enumerate(reasons) if not r]]
             cache.mkdir(parents=True, exist_ok=True)
-            known.write_text(json.dumps({str(p): r for p, r in bad.items()}, indent=1) + "\n")
+            tmp = known.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs: never a partial file
+            tmp.write_text(json.dumps({str(p): r for p, r in bad.items()}, indent=1) + "\n")
+            tmp.replace(known)
         saved = save_cached_features(cache, self.key(kept), feats) if kept.paths else None
         info = {"cache": "miss", "file": str(saved), "seconds": time.perf_counter() - t0}
         self._extracted[role] = (kept, feats, info)
@@ -279,6 +286,15 @@ class FeatureCheck:
             feats = feats[[row[p] for p in images.paths]]
             info["file"] = str(save_cached_features(self.cfg.cache_dir, self.key(images), feats))
         return feats, info
+
+
+def _read_bad_images(f: Path) -> dict[Path, str]:
+    """The bad images :meth:`FeatureCheck.extract` recorded in ``f`` (``{}``: none, or no
+    readable record)."""
+    try:
+        return {Path(p): str(r) for p, r in json.loads(f.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def cached_feature_domains(
