@@ -31,6 +31,7 @@ from eada.config import load_config
 from eada.data.features import normalize_features, read_feature_file
 from eada.experiment import run_seeds
 from eada.hparams import METHOD_LABELS, METHODS
+from eada.reports.tables import markdown_table, mean_std
 from eada.runs import environment_info, parse_seeds, write_json
 
 CONFIG = "configs/office_caltech10_surf.yaml"
@@ -54,22 +55,18 @@ def markdown(summary: dict[str, Any]) -> str:
     """One row a task: 1-NN, published 1-NN, and each method's last-epoch accuracy."""
     methods = summary["methods"]
     head = ["task", "1-NN (ours)", "1-NN (JDA paper)"] + [METHOD_LABELS[m] for m in methods]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    means = {m: [] for m in methods}
+    body = []
+    means: dict[str, list[float]] = {m: [] for m in methods}
     for task, res in summary["tasks"].items():
         cells = [task, f"{res['1nn']:.1f}", str(PUBLISHED_1NN.get(task, "–"))]
         for m in methods:
             st = res[m]["final"]["last_epoch/target/accuracy"]
             means[m].append(st["mean"])
-            cells.append(f"{st['mean']:.1f} ± {st['std']:.1f}")
-        lines.append("| " + " | ".join(cells) + " |")
+            cells.append(mean_std(st))
+        body.append(cells)
     avg_nn = np.mean([r["1nn"] for r in summary["tasks"].values()])
-    lines.append(
-        f"| average | {avg_nn:.1f} | – | "
-        + " | ".join(f"{np.mean(v):.1f}" for v in means.values())
-        + " |"
-    )
-    return "\n".join(lines)
+    body.append(["average", f"{avg_nn:.1f}", "–", *(f"{np.mean(v):.1f}" for v in means.values())])
+    return markdown_table(head, body)
 
 
 def main(argv: list[str] | None = None) -> int:

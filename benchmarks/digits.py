@@ -23,6 +23,7 @@ from typing import Any
 
 from eada.experiment import run_seeds
 from eada.hparams import METHOD_LABELS, preset_config
+from eada.reports.tables import markdown_table, mean_std
 from eada.runs import environment_info, parse_seeds, write_json
 
 TASKS = ("mnist-usps", "usps-mnist", "mnist-mnistm")
@@ -30,10 +31,6 @@ TASKS = ("mnist-usps", "usps-mnist", "mnist-mnistm")
 # and trains nothing); Source-only on digits: the `eada bench` grid (BENCHMARKS.md), or
 # --methods source_only,random,eada here
 METHODS = ("random", "eada")
-
-
-def _fmt(stat: dict[str, Any]) -> str:
-    return f"{stat['mean']:.1f} ± {stat['std']:.1f}"
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -48,15 +45,15 @@ def markdown(summary: dict[str, Any]) -> str:
             lines.append(
                 f"\n**{task}** — {split} accuracy (%), mean ± std over seeds {summary['seeds']}\n"
             )
-            lines.append("| " + " | ".join(head) + " |")
-            lines.append("|" + "---|" * len(head))
+            body = []
             for m, res in methods.items():
                 cells = []
                 for r in range(n_rounds):
                     row = res["rounds"][r] if r < len(res["rounds"]) else None
-                    cells.append(_fmt(row[f"{split}/accuracy"]) if row else "")
+                    cells.append(mean_std(row[f"{split}/accuracy"]) if row else "")
                 final = res["final"][f"last_epoch/{split}/accuracy"]
-                lines.append(f"| {METHOD_LABELS[m]} | " + " | ".join(cells) + f" | {_fmt(final)} |")
+                body.append([METHOD_LABELS[m], *cells, mean_std(final)])
+            lines.append(markdown_table(head, body))
     return "\n".join(lines)
 
 

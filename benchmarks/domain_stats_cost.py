@@ -26,8 +26,8 @@ def main() -> None:
     import eada
     from eada.data.tasks import load_task
     from eada.hparams import preset_config
-    from eada.reports.domain_stats import DomainStatsRecorder, mmd2_rbf, proxy_a_distance
     from eada.train import ActiveDATrainer
+    from eada.train.domain_stats import DomainStatsRecorder, mmd2_rbf, proxy_a_distance
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--label", default="current")

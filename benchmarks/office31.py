@@ -28,6 +28,8 @@ from typing import Any
 from eada.config import load_config
 from eada.experiment import run_seeds
 from eada.hparams import METHOD_LABELS, METHODS
+from eada.reports.tables import markdown_table
+from eada.reports.tables import mean_std as _fmt
 from eada.runs import environment_info, parse_seeds, write_json
 
 CONFIGS = {
@@ -36,30 +38,21 @@ CONFIGS = {
 }
 
 
-def _fmt(stat: dict[str, Any]) -> str:
-    return f"{stat['mean']:.1f} ± {stat['std']:.1f}"
-
-
 def markdown(summary: dict[str, Any]) -> str:
     """Accuracy after each round and at the last epoch, one row a method and task."""
-    lines = [
-        f"Target accuracy (%), whole target set, mean ± std over seeds {summary['seeds']}.\n",
-        "| task | method | 0% (epoch 10) | 1% | 2% | 3% | 4% | 5% = last epoch (50) "
-        "| per-class mean, last epoch |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    head = ["task", "method", "0% (epoch 10)", "1%", "2%", "3%", "4%", "5% = last epoch (50)"]
+    head.append("per-class mean, last epoch")
+    body = []
     for task, methods in summary["tasks"].items():
         for m, res in methods.items():
             rounds = res["rounds"]
             cells = [_fmt(r["target/accuracy"]) for r in rounds[:5]] + [""] * (5 - len(rounds))
             fin = res["final"]
-            lines.append(
-                f"| {task} | {METHOD_LABELS[m]} | "
-                + " | ".join(cells)
-                + f" | {_fmt(fin['last_epoch/target/accuracy'])}"
-                + f" | {_fmt(fin['last_epoch/target/mean_class_accuracy'])} |"
-            )
-    return "\n".join(lines)
+            last = fin["last_epoch/target/accuracy"]
+            per_class = fin["last_epoch/target/mean_class_accuracy"]
+            body.append([task, METHOD_LABELS[m], *cells, _fmt(last), _fmt(per_class)])
+    caption = f"Target accuracy (%), whole target set, mean ± std over seeds {summary['seeds']}.\n"
+    return caption + "\n" + markdown_table(head, body)
 
 
 def main(argv: list[str] | None = None) -> int:

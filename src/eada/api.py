@@ -110,7 +110,7 @@ def load_model(path: str | Path) -> LoadedModel:
         ValueError: ``model.pt`` does not match the SHA-256 in ``model.json``.
     """
     from eada.models.factory import build_model
-    from eada.store.data import build_config
+    from eada.store.config import build_config
 
     folder = Path(path)
     if folder.name == "model.json":
@@ -162,7 +162,7 @@ def create_project(
     project config (with its optional ``store:`` section) and return the project.
     ``progress`` prints the feature-extraction lines."""
     from eada.store import init_project
-    from eada.store.targets import load_project_config
+    from eada.store.config import load_project_config
 
     cfg, options = load_project_config(config, list(overrides))
     return init_project(folder, cfg, options=options, progress=print if progress else None)

@@ -48,6 +48,8 @@ import numpy as np
 import torch
 
 from eada.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_config
+from eada.hparams import REFERENCE_METHODS, method_label, variant_label
+from eada.reports.tables import render_table as _render
 from eada.runs import (
     append_jsonl,
     config_differences,
@@ -56,8 +58,6 @@ from eada.runs import (
     read_jsonl,
     write_json,
 )
-
-REFERENCE_METHODS = {"target_supervised": "Fully supervised target"}
 
 #: Query complexity: (as the paper's Table 4 states it, as implemented here). N pool size,
 #: M source size, L labeled target, C classes, D feature size, B budget, T k-means iterations,
@@ -80,13 +80,6 @@ COMPLEXITY: dict[str, tuple[str, str]] = {
 }
 
 
-def method_label(method: str) -> str:
-    """The table label of a method (``METHOD_LABELS`` or a reference method)."""
-    from eada.hparams import METHOD_LABELS
-
-    return REFERENCE_METHODS.get(method) or METHOD_LABELS.get(method, method)
-
-
 def parse_sweeps(specs: list[str]) -> list[list[str]]:
     """``["active.alpha1=0.1,0.5", "train.gamma=0,0.01"]`` -> the Cartesian product as lists of
     overrides (``[[]]`` for no sweep). Values are split on commas."""
@@ -97,13 +90,6 @@ def parse_sweeps(specs: list[str]) -> list[list[str]]:
             raise ConfigError(f"sweep {spec!r} must look like section.key=v1,v2,...")
         axes.append([f"{key}={v.strip()}" for v in values.split(",") if v.strip()])
     return [list(combo) for combo in itertools.product(*axes)] if axes else [[]]
-
-
-def variant_label(overrides: list[str]) -> str:
-    """Short label of a sweep variant: ``active.alpha1=0.25`` -> ``alpha1=0.25``."""
-    return ", ".join(
-        o.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in overrides
-    )
 
 
 def task_id(task: str) -> str:
@@ -394,7 +380,7 @@ BENCH_FREE_ENERGIES = 200
 def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, Any]:
     """Train one grid cell and append its record to ``log`` (safe for concurrent writers)."""
     from eada.experiment import run_once
-    from eada.reports.domain_stats import DomainStatsRecorder
+    from eada.train.domain_stats import DomainStatsRecorder
 
     cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
     stats = DomainStatsRecorder(n_free_energy=BENCH_FREE_ENERGIES, seed=run.seed)
@@ -691,34 +677,6 @@ def query_table(records: list[dict[str, Any]], fmt: str = "md") -> str:
     return _render(head, body, fmt, "query complexity and measured query time per round")
 
 
-def _render(head: list[str], body: list[list[str]], fmt: str, caption: str) -> str:
-    if fmt == "md":
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(r) + " |" for r in body]
-        return "\n".join(lines)
-    if fmt == "latex":
-
-        def esc(s: str) -> str:
-            return s.replace("_", "\\_").replace("->", "$\\to$") if "$" not in s else s
-
-        cols = "l|" + "c" * (len(head) - 1)
-        lines = [
-            "\\begin{table}[t]",
-            "\\centering",
-            f"\\caption{{{esc(caption)}}}",
-            f"\\begin{{tabular}}{{{cols}}}",
-            "\\hline",
-            " & ".join(esc(h) for h in head) + " \\\\",
-            "\\hline",
-            *[" & ".join(esc(c) for c in r) + " \\\\" for r in body],
-            "\\hline",
-            "\\end{tabular}",
-            "\\end{table}",
-        ]
-        return "\n".join(lines)
-    raise ValueError(f"unknown table format {fmt!r}; use md or latex")
-
-
 def render_tables(records: list[dict[str, Any]], fmt: str = "md") -> str:
     """All tables the records support: accuracy, held-out accuracy if any, sweeps, query."""
     parts = []
@@ -793,7 +751,7 @@ def add_parser(sub: Any) -> None:
         help="run the grid in N processes with one thread each (--threads to change), appending "
         "to runs.jsonl safely; resumable as with one process (default 1)",
     )
-    from eada.cli import add_threads_argument
+    from eada.threads import add_threads_argument
 
     add_threads_argument(b)
     b.add_argument("--format", choices=("md", "latex"), default="md", help="table format")

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eada.config import ConfigError, ExperimentConfig, load_config
+from eada.threads import add_threads_argument
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
@@ -256,21 +257,6 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     cfg = preset_config(args.preset, args.method)
     sys.stdout.write(yaml.safe_dump(cfg.resolved(), sort_keys=False))
     return 0
-
-
-def add_threads_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
-    """``--threads N``: the thread count of torch and of the BLAS/OpenMP selection code
-    (:mod:`eada.threads`; default: OMP_NUM_THREADS, else 1 for a small model); ``help``
-    replaces the help text."""
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help=help
-        or "threads for torch and the selection code (default: OMP_NUM_THREADS if set, else "
-        "1 for a small model and all cores for a large one); recorded in meta.json",
-    )
 
 
 def build_parser() -> argparse.ArgumentParser:

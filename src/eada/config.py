@@ -17,11 +17,25 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eada.strategies import STRATEGIES, check_params
+from eada.strategies.components import COMPONENT_PARAMS, COMPONENTS
 
 
 class _Strict(BaseModel):
     # no NaN or infinite number in a config (optim.lr=inf would train to NaN, not fail)
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class RoundSchedule:
+    """What every active section shares (:class:`ActiveConfig`, the segmentation one): a
+    ``strategy`` and the ``rounds_at`` at which it selects."""
+
+    strategy: str
+    rounds_at: list[int]
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any round selects target samples (images, in segmentation)."""
+        return self.strategy != "none" and bool(self.rounds_at)
 
 
 def check_rounds(v: list[int], unit: str, lower: str) -> list[int]:
@@ -214,7 +228,7 @@ class TrainConfig(_Strict):
     alignment: Literal["paper", "centered", "balanced", "normalized"] = "normalized"
 
 
-class ActiveConfig(_Strict):
+class ActiveConfig(_Strict, RoundSchedule):
     """Active rounds. ``rounds_at``: the epochs (1-based) at whose END a round selects.
 
     ``budget_per_round``: an ``int`` is a count; a ``float`` in ``(0, 1]`` a share of the WHOLE
@@ -262,9 +276,6 @@ class ActiveConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_params(self) -> ActiveConfig:
-        # lazy: eada.train imports this module
-        from eada.train.aux import COMPONENT_PARAMS, COMPONENTS
-
         check_params(
             self.strategy,
             self.params,
@@ -282,11 +293,6 @@ class ActiveConfig(_Strict):
                 f"got {names!r}"
             )
         return self
-
-    @property
-    def enabled(self) -> bool:
-        """Whether any round selects target samples."""
-        return self.strategy != "none" and bool(self.rounds_at)
 
 
 class ExperimentConfig(_Strict):

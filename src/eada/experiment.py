@@ -30,6 +30,7 @@ from eada.runs import (
 )
 from eada.threads import thread_record
 from eada.train import ActiveDATrainer
+from eada.train.domain_stats import DomainStatsRecorder
 from eada.train.loop import Callback
 
 
@@ -42,12 +43,10 @@ def run_once(
 ) -> dict[str, Any]:
     """Train one seed; returns ``{"seed", "config", "results"}`` (JSON-ready).
 
-    With ``record_stats`` a :class:`~eada.reports.domain_stats.DomainStatsRecorder` adds
+    With ``record_stats`` a :class:`~eada.train.domain_stats.DomainStatsRecorder` adds
     ``results["domain_stats"]`` (free energies, A-distance, MMD per round, for the report).
     Callbacks with an ``attach(trainer)`` method are attached before training starts.
     """
-    from eada.reports.domain_stats import DomainStatsRecorder
-
     task = task if task is not None else load_task(cfg.data, cfg.seed, cfg.model, cfg.device)
     recorder = DomainStatsRecorder(seed=cfg.seed) if record_stats else None
     cbs: list[Callback] = [*(callbacks or []), *([recorder] if recorder else [])]

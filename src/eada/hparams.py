@@ -122,6 +122,22 @@ METHOD_LABELS = {
 }
 
 
+REFERENCE_METHODS = {"target_supervised": "Fully supervised target"}
+"""Methods that are not active DA (a bound to compare with), with their table labels."""
+
+
+def method_label(method: str) -> str:
+    """The table label of a method (``METHOD_LABELS`` or a reference method)."""
+    return REFERENCE_METHODS.get(method) or METHOD_LABELS.get(method, method)
+
+
+def variant_label(overrides: list[str]) -> str:
+    """Short label of a sweep variant: ``active.alpha1=0.25`` -> ``alpha1=0.25``."""
+    return ", ".join(
+        o.split("=", 1)[0].rsplit(".", 1)[-1] + "=" + o.split("=", 1)[1] for o in overrides
+    )
+
+
 def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``base`` with ``update`` merged in recursively (``update`` wins)."""
     out = copy.deepcopy(base)

@@ -4,6 +4,7 @@ results, and multi-run jobs append one JSON line per run (DomainBed style)."""
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
@@ -242,3 +243,12 @@ def parse_seeds(spec: str) -> list[int]:
     if any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"bad seed list {spec!r}: seeds must be distinct and >= 0")
     return seeds
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file (image list checksums, the identity of a weights file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

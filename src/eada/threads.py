@@ -21,6 +21,7 @@ The count a run used is recorded (``meta.json`` ``threads``, :func:`thread_recor
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import sys
@@ -165,3 +166,18 @@ def thread_record() -> dict[str, Any]:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "available_cores": available_cores(),
     }
+
+
+def add_threads_argument(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    """``--threads N``: the thread count of torch and of the BLAS/OpenMP selection code
+    (:mod:`eada.threads`; default: OMP_NUM_THREADS, else 1 for a small model); ``help``
+    replaces the help text."""
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help=help
+        or "threads for torch and the selection code (default: OMP_NUM_THREADS if set, else "
+        "1 for a small model and all cores for a large one); recorded in meta.json",
+    )

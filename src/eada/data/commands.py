@@ -99,7 +99,7 @@ def add_data_commands(sub: Any) -> None:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key"
     )
     f.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
-    from eada.cli import add_threads_argument
+    from eada.threads import add_threads_argument
 
     add_threads_argument(  # eada.cli.main applies it
         f, "torch threads of the extraction (default: OMP_NUM_THREADS if set, else all cores)"

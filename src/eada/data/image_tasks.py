@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eada.config import FeatureData, ImageListData, ModelConfig
-from eada.data.base import TensorDomain
+from eada.data.base import Task, TensorDomain
 from eada.data.features import (
     cache_key,
     cached_features,
@@ -36,7 +36,6 @@ from eada.data.images import (
     find_bad_images,
     load_image_list,
 )
-from eada.data.tasks import Task
 from eada.data.transforms import (
     Normalization,
     TransformSpec,

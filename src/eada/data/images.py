@@ -21,7 +21,6 @@ the list file's folder).
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +30,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import Dataset
+
+from eada.runs import sha256_file
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".webp")
 
@@ -196,13 +197,20 @@ def _infer_class_names(paths: list[Path], labels: list[int]) -> list[str]:
     return names
 
 
-def scan_domain_folder(folder: str | Path, classes: Sequence[str] | None = None) -> ImageList:
-    """Images of ``DOMAIN/[images/]CLASS/*`` (extensions :data:`IMAGE_EXTENSIONS`).
+def scan_domain_folder(
+    folder: str | Path,
+    classes: Sequence[str] | None = None,
+    extensions: Sequence[str] = IMAGE_EXTENSIONS,
+) -> ImageList:
+    """Images of ``DOMAIN/[images/]CLASS/*`` (extensions :data:`IMAGE_EXTENSIONS`): the one
+    image-folder scanner (run configs, ``eada data index``, folder projects of the store).
 
     Args:
         folder: the domain folder; an ``images`` sub-folder is used when present.
         classes: a class map to follow (e.g. the source's); class folders not in it are an
-            error. Default: the sub-folders in sorted order (empty ones included).
+            error. Default: the sub-folders in sorted order (empty ones included; hidden ones,
+            ``.name``, skipped).
+        extensions: the lower-case file suffixes that count as images.
 
     >>> import tempfile, pathlib
     >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -230,7 +238,7 @@ def scan_domain_folder(folder: str | Path, classes: Sequence[str] | None = None)
         if not d.is_dir():
             continue
         for f in sorted(d.iterdir()):
-            if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS:
+            if f.is_file() and f.suffix.lower() in extensions:
                 paths.append(f.resolve())
                 labels.append(y)
     return ImageList(folder.name, paths, labels, names)
@@ -248,15 +256,6 @@ def load_image_list(
     if spec.is_dir():
         return scan_domain_folder(spec, classes)
     return read_image_list(spec, root, classes, allow_outside)
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_image_list(images: ImageList, out: str | Path, checksums: bool = True) -> Path:

@@ -26,45 +26,20 @@ from typing import Any, Literal
 
 import torch
 
+from eada.models.normalization import NORMALIZATIONS, Normalization, normalization_for
+
+__all__ = [
+    "NORMALIZATIONS",
+    "Normalization",
+    "TransformSpec",
+    "View",
+    "build_transform",
+    "fixed_size_transform",
+    "normalization_for",
+    "transform_key",
+]
+
 View = Literal["train", "test", "score", "random_crop"]
-
-
-@dataclass(frozen=True)
-class Normalization:
-    """Per-channel ``(x - mean) / std`` on ``[0, 1]`` pixels (what ``ToTensor`` gives)."""
-
-    name: str
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-
-
-NORMALIZATIONS: dict[str, Normalization] = {
-    "imagenet": Normalization("imagenet", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    # EfficientNet-Lite: (p - 127) / 128 on 0-255 pixels == (x - 127/255) / (128/255) on [0, 1]
-    "efficientnet_lite": Normalization("efficientnet_lite", (127 / 255,) * 3, (128 / 255,) * 3),
-    # timm "inception" style models: (x - 0.5) / 0.5
-    "inception": Normalization("inception", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
-    "none": Normalization("none", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
-}
-
-
-def normalization_for(backbone: str | None, name: str = "auto") -> Normalization:
-    """The normalisation ``name`` names, or (``auto``) the one ``backbone`` was trained with.
-
-    >>> normalization_for("efficientnet_lite0").name
-    'efficientnet_lite'
-    >>> normalization_for("resnet50").name
-    'imagenet'
-    """
-    if name != "auto":
-        if name not in NORMALIZATIONS:
-            raise ValueError(
-                f"unknown normalization {name!r}; known: auto, {', '.join(NORMALIZATIONS)}"
-            )
-        return NORMALIZATIONS[name]
-    if backbone and "efficientnet_lite" in backbone.replace("-", "_"):
-        return NORMALIZATIONS["efficientnet_lite"]
-    return NORMALIZATIONS["imagenet"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +93,24 @@ def build_transform(
     if view in ("score", "random_crop"):
         return T.Compose([T.Resize(spec.resize), T.RandomCrop(spec.crop), *tail])
     raise ValueError(f"unknown view {view!r}; known: train, test, score, random_crop")
+
+
+def fixed_size_transform(image_size: int, channels: int) -> Callable[[Any], torch.Tensor]:
+    """The view of images a small model trains on from scratch (the store's image-folder
+    projects, the digits convention): resize to ``image_size x image_size`` (bilinear),
+    ``ToTensor`` (``[0, 1]``), ``(x - 0.5) / 0.5`` per channel; a PIL image in mode ``L``
+    (``channels`` 1) or ``RGB`` (3) -> ``(channels, S, S)``.
+
+    >>> from PIL import Image
+    >>> t = fixed_size_transform(32, 1)
+    >>> x = t(Image.new("L", (50, 40), color=255))
+    >>> tuple(x.shape), float(x.max())
+    ((1, 32, 32), 1.0)
+    """
+    from torchvision import transforms as T
+
+    half = (0.5,) * channels
+    return T.Compose([T.Resize((image_size, image_size)), T.ToTensor(), T.Normalize(half, half)])
 
 
 def transform_key(view: View, spec: TransformSpec, norm: Normalization) -> str:

@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from eada.data.transforms import NORMALIZATIONS, Normalization, normalization_for
+from eada.models.normalization import NORMALIZATIONS, Normalization, normalization_for
+from eada.runs import sha256_file
 
 FACTORY_PATTERN = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _HEAD_NAMES = ("fc", "classifier", "head", "heads", "_fc", "last_linear")
@@ -100,8 +101,6 @@ def load_checkpoint(
     Returns:
         ``"sha256:<hex>"`` of the file (identifies the weights in cache keys).
     """
-    from eada.data.images import sha256_file
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"weights file not found: {path}")
@@ -185,7 +184,7 @@ def build_backbone(
         weights: ``pretrained``, ``none``/``None`` or a path to a local checkpoint.
         factory: ``package.module:function`` returning the module (or ``(module, dim)``).
         normalization: ``auto`` (the backbone's own) or a name in
-            :data:`eada.data.transforms.NORMALIZATIONS`.
+            :data:`eada.models.normalization.NORMALIZATIONS`.
 
     >>> bb = build_backbone("resnet18", weights=None)
     >>> bb.feature_dim, bb.normalization.name

@@ -84,7 +84,7 @@ class ReportInput:
 
 
 def _label(method: str) -> str:
-    from eada.bench import method_label
+    from eada.hparams import method_label
 
     return method_label(method)
 
@@ -161,7 +161,7 @@ def load_report_input(path: Path) -> ReportInput:
         if results.exists():
             extra["results"] = json.loads(results.read_text())
         if all(is_bench_line(r) for r in records):
-            from eada.bench import variant_label
+            from eada.hparams import variant_label
 
             keyed: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
             for r in records:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from eada.config import (
     ConfigError,
+    RoundSchedule,
     apply_overrides,
     check_rounds,
     read_yaml_mapping,
@@ -171,7 +172,7 @@ class SegTrainConfig(_Strict):
 Aggregation = Literal["mean", "top_k", "class_balanced"]
 
 
-class SegActiveConfig(_Strict):
+class SegActiveConfig(_Strict, RoundSchedule):
     """Active rounds over whole target images.
 
     ``rounds_at``: the iterations after which a round selects. ``budget_total``: the total share
@@ -222,11 +223,6 @@ class SegActiveConfig(_Strict):
             owned={"alpha1": "active.alpha1", "rule": "active.selection_rule"},
         )
         return self
-
-    @property
-    def enabled(self) -> bool:
-        """Whether any round selects target images."""
-        return self.strategy != "none" and bool(self.rounds_at)
 
 
 class SegExperimentConfig(_Strict):

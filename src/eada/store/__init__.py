@@ -2,7 +2,8 @@
 transactions) holding samples, classes, labels, rounds and checkpoints; see
 ``docs/annotation.md``."""
 
-from eada.store.data import FolderData, confine
+from eada.store.config import FolderData
+from eada.store.data import confine
 from eada.store.db import SCHEMA_VERSION, Store, StoreError
 from eada.store.labelfiles import ImportFileError
 from eada.store.project import ImportValidationError, Project, init_project

@@ -41,8 +41,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     from eada.config import ConfigError
     from eada.hparams import preset_config
     from eada.store import init_project
-    from eada.store.data import build_config
-    from eada.store.targets import StoreOptions, load_project_config
+    from eada.store.config import StoreOptions, build_config, load_project_config
 
     options = StoreOptions()
     given = [x for x in (args.preset, args.config, args.source_dir) if x]
@@ -249,7 +248,7 @@ def add_store_commands(sub: Any) -> None:
         action="store_true",
         help="run the whole schedule with a simulated oracle (resumable)",
     )
-    from eada.cli import add_threads_argument
+    from eada.threads import add_threads_argument
 
     add_threads_argument(p)
     p.set_defaults(func=_cmd_train)

@@ -6,56 +6,24 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
-from pydantic import BaseModel, ConfigDict, Field
 
-from eada.config import ExperimentConfig, parse_config
+from eada.config import ExperimentConfig
 from eada.data.base import TensorDomain
+from eada.data.images import ImageDataError, open_image, scan_domain_folder
 from eada.data.tasks import Task, load_task
+from eada.data.transforms import fixed_size_transform
+from eada.store.config import (  # noqa: F401  (build_config, resolved_config: moved there)
+    FolderData,
+    build_config,
+    resolved_config,
+)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
-
-
-class FolderData(BaseModel):
-    """Image folders as source and target: ``DIR/[images/]CLASS/*.jpg`` (class = folder name).
-
-    Images are decoded with Pillow, converted to ``channels`` and resized to
-    ``image_size x image_size`` (bilinear), scaled to ``[0, 1]`` and normalised with mean and
-    std 0.5, the digits convention, so the ``lenet`` model trains on them from scratch.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["folders"] = "folders"
-    source: Path
-    target: Path
-    image_size: int = Field(32, ge=8)
-    channels: Literal[1, 3] = 3
-
-
-def build_config(raw: dict[str, Any], source: str = "project config") -> ExperimentConfig:
-    """Validate a project config. Image-folder projects carry a :class:`FolderData` as ``data``
-    (the trainer never reads ``cfg.data``; the store loads the domains itself)."""
-    raw = {k: v for k, v in raw.items() if k != "store"}  # the store's own section
-    data = raw.get("data")
-    if isinstance(data, dict) and data.get("kind") == "folders":
-        folders = FolderData.model_validate(data)
-        cfg = parse_config({**raw, "data": {"kind": "toy"}}, source)
-        return cfg.model_copy(update={"data": folders})
-    return parse_config(raw, source)
-
-
-def resolved_config(cfg: ExperimentConfig) -> dict[str, Any]:
-    """Every key of a project config, JSON-ready (image-folder ``data`` included)."""
-    data: Any = cfg.data
-    if isinstance(data, FolderData):
-        out = cfg.model_dump(mode="json", exclude={"data"}, warnings=False)
-        return {**out, "data": data.model_dump(mode="json")}
-    return cfg.resolved()
+"""The suffixes a folder project registers (fewer than :data:`~eada.data.images.IMAGE_EXTENSIONS`:
+projects made by earlier versions must find the same files)."""
 
 
 def content_hash(data: bytes) -> str:
@@ -71,12 +39,9 @@ def row_hashes(domain: Any) -> list[str]:
     return [content_hash(x[i].numpy().tobytes()) for i in range(len(domain))]
 
 
-def _image_root(folder: Path) -> Path:
-    return folder / "images" if (folder / "images").is_dir() else folder
-
-
 def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
-    """Class names (sorted folder names) and ``(path, class id)`` of every image in ``folder``.
+    """Class names (sorted folder names) and ``(path, class id)`` of every image in ``folder``
+    (:func:`eada.data.images.scan_domain_folder` with the store's :data:`IMAGE_SUFFIXES`).
 
     Raises:
         FileNotFoundError: ``folder`` missing.
@@ -84,33 +49,32 @@ def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     """
     if not folder.is_dir():
         raise FileNotFoundError(f"image folder not found: {folder}")
-    root = _image_root(folder)
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    if not classes:
-        raise ValueError(f"{root} holds no class folders (expected {root}/CLASS/*.jpg)")
-    items: list[tuple[Path, int]] = []
-    for k, name in enumerate(classes):
-        files = sorted(p for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        items += [(p, k) for p in files]
-    if not items:
+    root = folder / "images" if (folder / "images").is_dir() else folder
+    try:
+        found = scan_domain_folder(folder, extensions=IMAGE_SUFFIXES)
+    except ImageDataError:  # no class folders (the only error without a class map)
+        raise ValueError(f"{root} holds no class folders (expected {root}/CLASS/*.jpg)") from None
+    if not found.paths:
         raise ValueError(f"{root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
-    return classes, items
+    return found.classes, list(zip(found.paths, found.labels, strict=True))
 
 
-def decode_image(path: Path, image_size: int, channels: int) -> np.ndarray:
-    """Decode one image to ``uint8`` ``(S, S)`` or ``(S, S, 3)``.
+def decode_image(path: Path, image_size: int, channels: int) -> torch.Tensor:
+    """Decode one image to a model-ready ``(channels, S, S)`` tensor: opened as every image
+    of eada is (:func:`eada.data.images.open_image`), then the torchvision view
+    :func:`eada.data.transforms.fixed_size_transform` (resize to ``S x S``, ``[0, 1]``,
+    ``(x - 0.5) / 0.5``).
 
     Raises:
-        ValueError: naming the file when it is not a readable image (corrupt or truncated).
+        ValueError: naming the file when it is not a readable image (missing, corrupt or
+            truncated).
     """
-    try:
-        with Image.open(path) as raw:
-            raw.load()
-            im = raw.convert("RGB" if channels == 3 else "L")
-            im = im.resize((image_size, image_size), Image.Resampling.BILINEAR)
-            return np.asarray(im, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, SyntaxError) as err:
-        raise ValueError(f"corrupt or unreadable image {path}: {err}") from None
+    im, reason = open_image(Path(path))
+    if im is None:
+        raise ValueError(f"corrupt or unreadable image {path}: {reason}")
+    if channels == 1:
+        im = im.convert("L")
+    return fixed_size_transform(image_size, channels)(im)
 
 
 def load_folder(folder: Path, image_size: int, channels: int) -> tuple[TensorDomain, list[Path]]:
@@ -125,10 +89,7 @@ def _decode_domain(
 ) -> tuple[TensorDomain, list[Path]]:
     """Decoded images (``size``: a :class:`FolderData` or ``image_size, channels``)."""
     image_size, channels = (size[0].image_size, size[0].channels) if len(size) == 1 else size
-    arrays = [decode_image(p, image_size, channels) for p in paths]
-    x = torch.from_numpy(np.stack(arrays)).float().div_(255.0)
-    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2)
-    x = ((x - 0.5) / 0.5).contiguous()
+    x = torch.stack([decode_image(p, image_size, channels) for p in paths]).contiguous()
     y = torch.tensor(labels, dtype=torch.long)
     return TensorDomain(name, x, y, classes), paths
 

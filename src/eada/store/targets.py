@@ -26,13 +26,19 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from eada.config import FeatureData, ImageListData
 from eada.data.images import IMAGE_EXTENSIONS, ImageDataError, ImageList, load_image_list
+from eada.store.config import (  # noqa: F401  (their home moved to eada.store.config)
+    StoreOptions,
+    absolute_config,
+    absolute_data,
+    load_project_config,
+    split_store_section,
+)
 
 Progress = Callable[[str], None] | None
 
@@ -42,77 +48,12 @@ SAMPLE_INFO_SCHEMA = (
 )
 
 
-class StoreOptions(BaseModel):
-    """The ``store:`` section of a project config.
-
-    Attributes:
-        target: ``labeled`` (class folders / labeled lists / labeled features), ``unlabeled``
-            (labels, if any, are ignored), or ``auto``: a folder without class folders, a
-            ``.csv`` list without a ``label`` column, a text list whose lines do not end in
-            an integer label and a feature file without labels are unlabeled, anything else
-            labeled. ``eada init`` records the resolved value.
-        label_studio_root: the folder Label Studio serves local files from
-            (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); default: the deepest folder holding
-            every registered data root.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    target: Literal["auto", "labeled", "unlabeled"] = "auto"
-    label_studio_root: Path | None = None
-
-
 @dataclass
 class SampleInfo:
     """What a user named a sample: their id and (feature rows) a path, both optional."""
 
     ids: list[str | None] = field(default_factory=list)
     paths: list[str | None] = field(default_factory=list)
-
-
-def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptions]:
-    """``raw`` without its ``store`` section, and that section validated."""
-    from pydantic import ValidationError
-
-    from eada.config import ConfigError
-
-    raw = dict(raw)
-    section = raw.pop("store", None) or {}
-    if not isinstance(section, dict):
-        raise ConfigError(f"the store section must be a mapping, got {type(section).__name__}")
-    try:
-        return raw, StoreOptions.model_validate(section)
-    except ValidationError as err:
-        parts = [f"store.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
-        raise ConfigError("the store section is invalid: " + "; ".join(parts)) from None
-
-
-def absolute_config(cfg: Any) -> Any:
-    """``cfg`` with the file paths of its data section absolute (see :func:`absolute_data`)."""
-    data = cfg.data
-    fixed = type(data).model_validate(absolute_data(data.model_dump(mode="json")))
-    return cfg.model_copy(update={"data": fixed})
-
-
-def absolute_data(raw_data: dict[str, Any]) -> dict[str, Any]:
-    """A data section with its file paths made absolute (relative to the working folder at
-    ``eada init``), so later commands work from any folder."""
-    out = dict(raw_data)
-    keys = (
-        "source",
-        "target",
-        "heldout",
-        "root",
-        "cache_dir",
-        "source_labels",
-        "target_labels",
-        "heldout_labels",
-    )
-    for k in keys:
-        digits_name = out.get("kind") == "digits" and k != "root"  # mnist, usps: not paths
-        if out.get(k) is not None and out.get("kind") != "toy" and not digits_name:
-            out[k] = str(Path(out[k]).absolute())
-    return out
 
 
 # -- image lists ----------------------------------------------------------------------------
@@ -419,18 +360,3 @@ def label_studio_root(roots: list[Path], option: Path | None) -> Path:
     if not roots:
         return Path("/")
     return Path(os.path.commonpath([str(r.resolve()) for r in roots]))
-
-
-def load_project_config(path: str | Path, overrides: list[str]) -> tuple[Any, StoreOptions]:
-    """A project config file: an experiment config plus an optional ``store:`` section.
-    File paths in ``data`` become absolute (relative to the working folder)."""
-    from eada.config import apply_overrides, read_yaml_mapping
-    from eada.store.data import build_config
-
-    path = Path(path)
-    raw = read_yaml_mapping(path)
-    apply_overrides(raw, overrides)
-    raw, options = split_store_section(raw)
-    if isinstance(raw.get("data"), dict):
-        raw["data"] = absolute_data(raw["data"])
-    return build_config(raw, str(path)), options

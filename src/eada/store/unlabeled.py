@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from eada.config import ExperimentConfig
-from eada.store.data import FolderData
+from eada.store.config import FolderData
 from eada.store.targets import StoreOptions, sample_info, target_is_labeled
 
 QUERIED_NOTE = (

@@ -28,9 +28,9 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -52,10 +52,10 @@ from eada.strategies import (
     stage_sizes,
 )
 from eada.threads import configure_for_model
-from eada.train.aux import build_aux, complete_pool_outputs
 from eada.train.evaluate import (
     accuracy_metrics,
     domain_metrics,
+    embed_samples,
     predict_energies,
     score_pool,
 )
@@ -63,6 +63,56 @@ from eada.train.forward import StepForward
 from eada.train.oracle import Oracle, SimulatedOracle
 
 Callback = Callable[[str, "ActiveDATrainer", dict[str, Any]], None]
+
+
+class TrainingComponents(Protocol):
+    """What the trainer calls on the parts that train beside the classifier (the baselines'
+    discriminator, committee, ...: :class:`eada.train.aux.AuxTraining`)."""
+
+    def loss(
+        self, trainer: ActiveDATrainer, xs: torch.Tensor, ys: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Their loss for one step (added to the classifier's) and values to log."""
+        ...
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """Their parameters (gradients averaged over the ranks)."""
+        ...
+
+    def zero_grad(self) -> None:
+        """Clear their gradients."""
+        ...
+
+    def step(self) -> None:
+        """One optimiser step on their parameters."""
+        ...
+
+    def pool_scores(self, embeddings: np.ndarray, device: torch.device) -> dict[str, np.ndarray]:
+        """Per-sample scores on the pool's embeddings (``PoolOutputs.extra``)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Their state, for checkpoints."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        ...
+
+
+ComponentsBuilder = Callable[["ActiveDATrainer"], TrainingComponents | None]
+
+COMPONENT_BUILDERS: list[ComponentsBuilder] = []
+"""Who builds a trainer's training components: the first builder that returns some wins.
+:mod:`eada.train.aux` registers its :func:`~eada.train.aux.build_aux` when :mod:`eada.train` is
+imported (the trainer does not import its plug-ins)."""
+
+
+def register_components_builder(builder: ComponentsBuilder) -> ComponentsBuilder:
+    """Add ``builder`` to :data:`COMPONENT_BUILDERS` (once)."""
+    if builder not in COMPONENT_BUILDERS:
+        COMPONENT_BUILDERS.append(builder)
+    return builder
 
 
 def resolve_device(name: str) -> torch.device:
@@ -376,7 +426,14 @@ class ActiveDATrainer:
         self.last_proposal: Proposal | None = None
         self._run_state: dict[str, Any] | None = None  # progress inside run(), for checkpoints
         self._resume: dict[str, Any] | None = None  # progress restored by load_state_dict
-        self.aux = build_aux(self)  # some baselines' own training components (eada.train.aux)
+        self.aux = self._build_components()  # some baselines' own (eada.train.aux)
+
+    def _build_components(self) -> TrainingComponents | None:
+        for builder in COMPONENT_BUILDERS:
+            made = builder(self)
+            if made is not None:
+                return made
+        return None
 
     # -- planning ---------------------------------------------------------------------------
     def make_plan(self) -> list[dict[str, Any]]:
@@ -464,7 +521,7 @@ class ActiveDATrainer:
         self.optimizer.step()
         if self.aux is not None:
             if self.world > 1:
-                dist_ops.average_gradients(self.aux.components.parameters())
+                dist_ops.average_gradients(self.aux.parameters())
             self.aux.step()
         out["loss"] = float(loss.detach())
         return out
@@ -501,7 +558,7 @@ class ActiveDATrainer:
             needs += ("embeddings",)  # the training components score the pool's embeddings
         outputs = self._score(pool_idx, needs)
         if self.rank == 0:  # labeled/source embeddings, training components' scores
-            outputs = complete_pool_outputs(self, outputs, needs)
+            outputs = self.complete_pool_outputs(outputs, needs)
         t1 = time.perf_counter()
         params = dict(a.params)
         if a.strategy == "eada":
@@ -521,6 +578,26 @@ class ActiveDATrainer:
         if self.labeled_mask[chosen].any() or len(set(chosen.tolist())) != len(chosen):
             raise RuntimeError("strategy returned an already-labeled or duplicate sample")
         return Proposal(pool_idx, chosen, outputs, sel, t1 - t0, t2 - t1)
+
+    def complete_pool_outputs(self, outputs: PoolOutputs, needs: tuple[str, ...]) -> PoolOutputs:
+        """Add what some strategies need beyond :func:`~eada.train.evaluate.score_pool`:
+        embeddings of the labeled target set and of the source (``labeled_embeddings`` /
+        ``source_embeddings`` in ``needs``) and the training components' pool scores
+        (``outputs.extra``)."""
+        bs, dev = self.cfg.train.eval_batch_size, self.device
+        if "labeled_embeddings" in needs:
+            lab = torch.nonzero(self.labeled_mask).squeeze(1)
+            outputs.labeled_embeddings = embed_samples(self.model, self.task.target, lab, bs, dev)
+        if "source_embeddings" in needs:
+            src = self.task.source
+            outputs.source_embeddings = embed_samples(
+                self.model, src, torch.arange(len(src)), bs, dev
+            )
+        if self.aux is not None and len(outputs):
+            outputs.extra.update(
+                self.aux.pool_scores(outputs.require_embeddings("training components"), dev)
+            )
+        return outputs
 
     @property
     def selection_tau(self) -> float:

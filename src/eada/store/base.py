@@ -1,0 +1,121 @@
+"""An open project store: its config, its domains (checked against what `eada init`
+registered) and where the schedule stands (the rounds planned, the samples awaiting labels,
+the next action). The operations build on it by concern: :mod:`eada.store.checkpoints`,
+:mod:`eada.store.labels`, :mod:`eada.store.rounds`, :mod:`eada.store.project`."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from eada.data.tasks import Task
+from eada.store.config import StoreOptions, build_config
+from eada.store.data import load_project_data, row_hashes
+from eada.store.db import Store, StoreError
+from eada.store.unlabeled import hide_guessed_accuracy
+from eada.train import ActiveDATrainer
+
+
+class ProjectBase:
+    """An open project store (see :class:`~eada.store.project.Project`)."""
+
+    def __init__(self, folder: str | Path, store: Store | None = None, task: Task | None = None):
+        self.folder = Path(folder)
+        self.store = store if store is not None else Store(self.folder)
+        raw = self.store.get_json("config")
+        self.cfg = build_config(raw, f"config in {self.folder}")
+        self.options = StoreOptions.model_validate(raw.get("store") or {"target": "labeled"})
+        self.target_labeled = self.options.target != "unlabeled"
+        self._task = task
+        self.classes = self.store.classes()
+
+    def close(self) -> None:
+        """Close the store."""
+        self.store.close()
+
+    @property
+    def task(self) -> Task:
+        """The project's domains, loaded once and checked against the registered hashes."""
+        if self._task is None:
+            task, paths, _ = load_project_data(self.cfg, self.target_labeled)
+            for role, dom in (("source", task.source), ("target", task.target)):
+                reg = self.store.samples(role)
+                if len(reg) != len(dom):
+                    raise StoreError(
+                        f"{role} domain {dom.name!r} now has {len(dom)} samples but "
+                        f"{len(reg)} were registered: the data changed since `eada init`"
+                    )
+                files = paths.get(role)
+                if files is not None:
+                    if [str(Path(p).resolve()) for p in files] != [r["path"] for r in reg]:
+                        raise StoreError(f"the files of the {role} folder changed since init")
+                else:
+                    hashes = row_hashes(dom)
+                    bad = [
+                        r["id"] for r, h in zip(reg, hashes, strict=True) if r["content_hash"] != h
+                    ]
+                    if bad:
+                        raise StoreError(
+                            f"{len(bad)} {role} samples differ from what was registered "
+                            f"(first: sample {bad[0]}): the data changed since `eada init`"
+                        )
+            self._task = task
+        return self._task
+
+    def _target_ids(self) -> list[int]:
+        return [r["id"] for r in self.store.samples("target")]
+
+    def plan(self) -> list[dict[str, Any]]:
+        """The config's rounds: ``round``, ``epoch``, ``budget``."""
+        return ActiveDATrainer(self.cfg, self.task).plan
+
+    def pending(self) -> list[sqlite3.Row]:
+        """Selected samples of the last round that have no label yet."""
+        rounds = self.store.rounds()
+        if not rounds:
+            return []
+        return list(
+            self.store.conn.execute(
+                "SELECT rs.sample_id, s.position FROM round_samples rs "
+                "JOIN samples s ON s.id = rs.sample_id WHERE rs.round_id = ? AND "
+                "rs.rank IS NOT NULL AND NOT EXISTS "
+                "(SELECT 1 FROM labels l WHERE l.sample_id = rs.sample_id) ORDER BY rs.rank",
+                (rounds[-1]["id"],),
+            )
+        )
+
+    def next_action(self) -> str:
+        """What the schedule asks for next: ``label``, ``query``, ``train`` or ``done``."""
+        if self.pending():
+            return "label"
+        ck = self.store.latest_checkpoint()
+        epoch = 0 if ck is None else ck["epoch"]
+        if ck is not None and ck["kind"] == "epoch":
+            return "train"  # a training segment was interrupted
+        plan = self.plan()
+        r = len(self.store.rounds()) + 1
+        if r <= len(plan) and plan[r - 1]["epoch"] <= epoch:
+            return "query"
+        return "train" if epoch < self.cfg.train.epochs else "done"
+
+    def _set_mode(self, mode: str) -> None:
+        current = self.store.get_meta("mode")
+        if current is not None and current != mode:
+            raise StoreError(
+                f"this project is a {current} run; it cannot take {mode} labels"
+                + (
+                    " (use `eada train --simulate` to continue it)"
+                    if current == "simulated"
+                    else ""
+                )
+            )
+        if current is None:
+            self.store.set_meta("mode", mode)
+
+    def _measured(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Metrics without any accuracy computed from labels nobody gave (unlabeled target)."""
+        return metrics if self.target_labeled else hide_guessed_accuracy(metrics)
+
+    def _measured_line(self, line: str) -> str:
+        return line if self.target_labeled else hide_guessed_accuracy(line)

@@ -1,0 +1,129 @@
+"""A project's config: an experiment config (image folders as :class:`FolderData`) plus the
+``store:`` section that only the store reads (:class:`StoreOptions`), with the file paths of
+its data section made absolute at ``eada init``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from eada.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    parse_config,
+    read_yaml_mapping,
+)
+
+
+class FolderData(BaseModel):
+    """Image folders as source and target: ``DIR/[images/]CLASS/*.jpg`` (class = folder name).
+
+    Images are decoded with Pillow, converted to ``channels`` and resized to
+    ``image_size x image_size`` (bilinear), scaled to ``[0, 1]`` and normalised with mean and
+    std 0.5, the digits convention, so the ``lenet`` model trains on them from scratch.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["folders"] = "folders"
+    source: Path
+    target: Path
+    image_size: int = Field(32, ge=8)
+    channels: Literal[1, 3] = 3
+
+
+def build_config(raw: dict[str, Any], source: str = "project config") -> ExperimentConfig:
+    """Validate a project config. Image-folder projects carry a :class:`FolderData` as ``data``
+    (the trainer never reads ``cfg.data``; the store loads the domains itself)."""
+    raw = {k: v for k, v in raw.items() if k != "store"}  # the store's own section
+    data = raw.get("data")
+    if isinstance(data, dict) and data.get("kind") == "folders":
+        folders = FolderData.model_validate(data)
+        cfg = parse_config({**raw, "data": {"kind": "toy"}}, source)
+        return cfg.model_copy(update={"data": folders})
+    return parse_config(raw, source)
+
+
+def resolved_config(cfg: ExperimentConfig) -> dict[str, Any]:
+    """Every key of a project config, JSON-ready (image-folder ``data`` included)."""
+    data: Any = cfg.data
+    if isinstance(data, FolderData):
+        out = cfg.model_dump(mode="json", exclude={"data"}, warnings=False)
+        return {**out, "data": data.model_dump(mode="json")}
+    return cfg.resolved()
+
+
+class StoreOptions(BaseModel):
+    """The ``store:`` section of a project config.
+
+    Attributes:
+        target: ``labeled`` (class folders / labeled lists / labeled features), ``unlabeled``
+            (labels, if any, are ignored), or ``auto``: a folder without class folders, a
+            ``.csv`` list without a ``label`` column, a text list whose lines do not end in
+            an integer label and a feature file without labels are unlabeled, anything else
+            labeled. ``eada init`` records the resolved value.
+        label_studio_root: the folder Label Studio serves local files from
+            (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); default: the deepest folder holding
+            every registered data root.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: Literal["auto", "labeled", "unlabeled"] = "auto"
+    label_studio_root: Path | None = None
+
+
+def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptions]:
+    """``raw`` without its ``store`` section, and that section validated."""
+    raw = dict(raw)
+    section = raw.pop("store", None) or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"the store section must be a mapping, got {type(section).__name__}")
+    try:
+        return raw, StoreOptions.model_validate(section)
+    except ValidationError as err:
+        parts = [f"store.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()]
+        raise ConfigError("the store section is invalid: " + "; ".join(parts)) from None
+
+
+def absolute_config(cfg: Any) -> Any:
+    """``cfg`` with the file paths of its data section absolute (see :func:`absolute_data`)."""
+    data = cfg.data
+    fixed = type(data).model_validate(absolute_data(data.model_dump(mode="json")))
+    return cfg.model_copy(update={"data": fixed})
+
+
+def absolute_data(raw_data: dict[str, Any]) -> dict[str, Any]:
+    """A data section with its file paths made absolute (relative to the working folder at
+    ``eada init``), so later commands work from any folder."""
+    out = dict(raw_data)
+    keys = (
+        "source",
+        "target",
+        "heldout",
+        "root",
+        "cache_dir",
+        "source_labels",
+        "target_labels",
+        "heldout_labels",
+    )
+    for k in keys:
+        digits_name = out.get("kind") == "digits" and k != "root"  # mnist, usps: not paths
+        if out.get(k) is not None and out.get("kind") != "toy" and not digits_name:
+            out[k] = str(Path(out[k]).absolute())
+    return out
+
+
+def load_project_config(path: str | Path, overrides: list[str]) -> tuple[Any, StoreOptions]:
+    """A project config file: an experiment config plus an optional ``store:`` section.
+    File paths in ``data`` become absolute (relative to the working folder)."""
+    path = Path(path)
+    raw = read_yaml_mapping(path)
+    apply_overrides(raw, overrides)
+    raw, options = split_store_section(raw)
+    if isinstance(raw.get("data"), dict):
+        raw["data"] = absolute_data(raw["data"])
+    return build_config(raw, str(path)), options

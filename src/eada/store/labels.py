@@ -1,0 +1,254 @@
+"""Labels into a project store: a human's file, in-memory records or a simulated oracle, all
+through one validation (every problem listed, nothing written) and one transaction that writes
+the labels in force, corrections superseding older rows."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from eada.store.checkpoints import ProjectCheckpoints, crash_point, file_sha256
+from eada.store.config import FolderData
+from eada.store.data import confine, content_hash, decode_image
+from eada.store.db import StoreError, now
+from eada.store.labelfiles import LabelItem, read_label_file, records_to_items
+from eada.store.unlabeled import external_ids
+from eada.train import SimulatedOracle
+
+MAX_ERRORS_SHOWN = 20
+
+
+class ImportValidationError(ValueError):
+    """An import that failed validation; nothing was written. ``problems`` lists every one."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.problems = problems
+        shown = problems[:MAX_ERRORS_SHOWN]
+        more = len(problems) - len(shown)
+        text = "\n".join(f"  - {p}" for p in shown) + (f"\n  ... and {more} more" if more else "")
+        super().__init__(f"{source}: {len(problems)} problem(s), nothing was imported:\n{text}")
+
+
+class ProjectLabels(ProjectCheckpoints):
+    """A project store's labels (see :class:`~eada.store.project.Project`)."""
+
+    def _n_label_rows(self) -> int:
+        return int(self.store.conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0])
+
+    def _labels_tensor(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.store.current_labels()
+        idx = torch.tensor([r["position"] for r in rows], dtype=torch.long)
+        lab = torch.tensor([r["class_id"] for r in rows], dtype=torch.long)
+        return idx, lab
+
+    def import_labels(
+        self, file: str | Path, annotator: str = "unknown", allow_unqueried: bool = False
+    ) -> dict[str, Any]:
+        """Import a CSV/JSON/Label Studio label file: everything is validated first, then
+        written in one transaction. A label differing from the one in force is a correction
+        (a new row superseding the old); an identical one changes nothing."""
+        self.store.check_writable()
+        if self.store.get_meta("mode") == "simulated":
+            self._set_mode("human")  # raises: a simulated run takes no human labels
+        path = Path(file)
+        fmt, items, raw = read_label_file(path)
+        return self._write_labels(
+            items, str(path), content_hash(raw), fmt, annotator, "human", allow_unqueried
+        )
+
+    def import_records(
+        self, records: list[Any], annotator: str = "notebook", allow_unqueried: bool = False
+    ) -> dict[str, Any]:
+        """Import labels from in-memory records (see :func:`eada.api.import_labels`), with
+        the same validation and write as a file import."""
+        self.store.check_writable()
+        if self.store.get_meta("mode") == "simulated":
+            self._set_mode("human")  # raises: a simulated run takes no human labels
+        items = records_to_items(records)
+        raw = json.dumps(records, sort_keys=True, default=str).encode()
+        return self._write_labels(
+            items, "(records)", content_hash(raw), "records", annotator, "human", allow_unqueried
+        )
+
+    def label_simulated(self) -> dict[str, Any]:
+        """Label the open round's pending samples with ground truth (a
+        :class:`~eada.train.SimulatedOracle`), through the same validation and write as an
+        import."""
+        if not self.target_labeled:
+            raise StoreError(
+                "the target of this project is unlabeled: a simulated oracle has no labels to "
+                "reveal (label the queried samples with `eada label import`)"
+            )
+        pending = self.pending()
+        oracle = SimulatedOracle(self.task.target.y)
+        truth = oracle.label(np.array([p["position"] for p in pending], dtype=np.int64))
+        items = [
+            LabelItem(f"sample {p['sample_id']}", self.classes[int(y)], p["sample_id"])
+            for p, y in zip(pending, truth, strict=True)
+        ]
+        return self._write_labels(
+            items, "(simulated oracle)", "", "simulated", "simulated-oracle", "simulated", False
+        )
+
+    def _write_labels(
+        self,
+        items: list[LabelItem],
+        source_name: str,
+        sha: str,
+        fmt: str,
+        annotator: str,
+        source: str,
+        allow_unqueried: bool,
+    ) -> dict[str, Any]:
+        problems: list[str] = []
+        conn = self.store.conn
+        class_id = {n: i for i, n in enumerate(self.classes)}
+        roots = self.store.roots()
+        chosen: dict[int, tuple[LabelItem, int]] = {}
+        by_external = external_ids(conn) if any(it.external_id for it in items) else {}
+        for it in items:
+            sample = None
+            if it.sample_id is None and it.path is None and it.external_id is not None:
+                if it.external_id not in by_external:
+                    problems.append(f"{it.where}: unknown external_id {it.external_id!r}")
+                    continue
+                it.sample_id = by_external[it.external_id]
+            if it.sample_id is not None:
+                sample = conn.execute(
+                    "SELECT * FROM samples WHERE id = ?", (it.sample_id,)
+                ).fetchone()
+                if sample is None:
+                    problems.append(f"{it.where}: unknown sample id {it.sample_id}")
+                    continue
+            if it.path is not None:
+                try:
+                    rp = confine(it.path, roots)
+                except ValueError as err:
+                    problems.append(f"{it.where}: {err}")
+                    continue
+                by_path = conn.execute(
+                    "SELECT * FROM samples WHERE path = ?", (str(rp),)
+                ).fetchone()
+                if by_path is None:
+                    problems.append(f"{it.where}: path {it.path} is not a registered sample")
+                    continue
+                if sample is not None and sample["id"] != by_path["id"]:
+                    problems.append(
+                        f"{it.where}: sample id {it.sample_id} and path {it.path} name different "
+                        f"samples ({sample['id']} vs {by_path['id']})"
+                    )
+                    continue
+                sample = by_path
+            assert sample is not None
+            if sample["role"] != "target":
+                problems.append(
+                    f"{it.where}: sample {sample['id']} is a {sample['role']} sample; only "
+                    "target samples take labels"
+                )
+                continue
+            if it.label not in class_id:
+                known = ", ".join(self.classes[:12]) + (" ..." if len(self.classes) > 12 else "")
+                problems.append(f"{it.where}: unknown class name {it.label!r} (known: {known})")
+                continue
+            k = class_id[it.label]
+            prev = chosen.get(sample["id"])
+            if prev is not None and prev[1] != k:
+                problems.append(
+                    f"{it.where}: sample {sample['id']} labeled {it.label!r} but {prev[0].where} "
+                    f"labels it {prev[0].label!r} (conflicting duplicates)"
+                )
+                continue
+            chosen[sample["id"]] = (it, k)
+        for sid, (it, _) in chosen.items():
+            s = conn.execute("SELECT * FROM samples WHERE id = ?", (sid,)).fetchone()
+            if s["path"] is not None:
+                problems += self._check_file(s, it.where)
+        if problems:
+            raise ImportValidationError(source_name, problems)
+        n_new = n_fix = n_same = 0
+        stamp = now()
+        # Everything that another writer can change (rounds, the labels in force, the mode)
+        # is read inside the transaction that writes: a concurrent import waits for this one
+        # and sees its labels, so two labels are never in force for one sample.
+        with self.store.transaction() as c:
+            round_of: dict[int, int] = {}
+            if chosen:
+                q = ",".join("?" * len(chosen))
+                for row in c.execute(
+                    f"SELECT rs.sample_id, MAX(rs.round_id) AS round_id FROM round_samples rs "
+                    f"WHERE rs.rank IS NOT NULL AND rs.sample_id IN ({q}) GROUP BY rs.sample_id",
+                    list(chosen),
+                ):
+                    round_of[row["sample_id"]] = row["round_id"]
+            problems = [
+                f"{it.where}: sample {sid} was never queried (pass --allow-unqueried to "
+                "label it anyway)"
+                for sid, (it, _) in chosen.items()
+                if sid not in round_of and not allow_unqueried
+            ]
+            if problems:
+                raise ImportValidationError(source_name, problems)
+            current = {r["sample_id"]: r for r in self.store.current_labels()}
+            changes = []
+            for sid, (it, k) in sorted(chosen.items()):
+                old = current.get(sid)
+                if old is not None and old["class_id"] == k:
+                    n_same += 1
+                    continue
+                if old is None:
+                    n_new += 1
+                else:
+                    n_fix += 1
+                changes.append((sid, it, k, old))
+            if changes:  # a file that changes nothing (re-imported, header only) leaves no trace
+                self._set_mode(source)
+                cur = c.execute(
+                    "INSERT INTO imports (file, sha256, format, n_new, n_corrections, "
+                    "n_unchanged, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (source_name, sha, fmt, n_new, n_fix, n_same, stamp),
+                )
+                c.executemany(
+                    "INSERT INTO labels (sample_id, class_id, annotator, created, round_id, "
+                    "source, supersedes, import_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        (
+                            sid,
+                            k,
+                            it.annotator or annotator,
+                            stamp,
+                            round_of.get(sid),
+                            source,
+                            None if old is None else old["id"],
+                            cur.lastrowid,
+                        )
+                        for sid, it, k, old in changes
+                    ],
+                )
+            crash_point("import:before_commit")
+        return {
+            "file": source_name,
+            "format": fmt,
+            "new": n_new,
+            "corrections": n_fix,
+            "unchanged": n_same,
+            "pending": len(self.pending()),
+        }
+
+    def _check_file(self, sample: sqlite3.Row, where: str) -> list[str]:
+        path = Path(sample["path"])
+        if not path.is_file():
+            return [f"{where}: image {path} of sample {sample['id']} is missing"]
+        if file_sha256(path) != sample["content_hash"]:
+            return [f"{where}: image {path} of sample {sample['id']} changed since `eada init`"]
+        data: Any = self.cfg.data
+        size = data.image_size if isinstance(data, FolderData) else 32
+        try:
+            decode_image(path, size, 3)
+        except ValueError as err:
+            return [f"{where}: {err}"]
+        return []

@@ -1,0 +1,214 @@
+"""Query rounds of a project store: score the unlabeled pool, select, record the round with
+its checkpoint in one transaction, export the batch (CSV, JSON, Label Studio)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from eada.store.checkpoints import crash_point
+from eada.store.db import StoreError, now
+from eada.store.labelfiles import (
+    export_rows_csv,
+    label_studio_config,
+    label_studio_tasks,
+    write_atomic,
+)
+from eada.store.labels import ProjectLabels
+from eada.store.targets import label_studio_root
+from eada.store.unlabeled import predicted_scores, round_rows_extra
+from eada.train import ActiveDATrainer
+
+
+class ProjectRounds(ProjectLabels):
+    """A project store's query rounds (see :class:`~eada.store.project.Project`)."""
+
+    def query(
+        self, budget: int | None = None, export: bool = True, mode: str = "human"
+    ) -> dict[str, Any]:
+        """Score the unlabeled pool with the current model, select the next round's batch,
+        record it (scores of the whole pool, selection, a checkpoint holding the advanced
+        strategy random state) in one transaction, and export it. When the last round still
+        awaits labels, nothing is selected: its batch is exported again."""
+        self.store.check_writable()
+        rounds = self.store.rounds()
+        if self.pending():
+            last = rounds[-1]
+            paths = self.export_round(last["number"]) if export else {}
+            return {
+                "round": last["number"],
+                "reexported": True,
+                "files": paths,
+                "selected": len(self.store.selected(last["id"])),
+            }
+        ck = self.store.latest_checkpoint()
+        epoch = 0 if ck is None else ck["epoch"]
+        if ck is not None and ck["kind"] == "epoch":
+            raise StoreError("a training segment was interrupted: run `eada train` to finish it")
+        plan = self.plan()
+        r = len(rounds) + 1
+        if budget is None:
+            if r > len(plan):
+                raise StoreError(
+                    f"the config plans {len(plan)} rounds and all were queried; "
+                    "pass --budget N for another round"
+                )
+            if plan[r - 1]["epoch"] > epoch:
+                raise StoreError(
+                    f"round {r} is planned after epoch {plan[r - 1]['epoch']} but the model has "
+                    f"trained {epoch}: run `eada train` first (or pass --budget N to query now)"
+                )
+            budget = int(plan[r - 1]["budget"])
+        trainer = ActiveDATrainer(self.cfg, self.task)
+        if ck is not None:
+            trainer.load_state_dict(self.load_checkpoint(ck), progress=False)
+        n_label_rows = self._n_label_rows()
+        trainer.set_labels(*self._labels_tensor())
+        prop = trainer.propose(budget)
+        crash_point("query:scored")
+        target_ids = self._target_ids()
+        pool = prop.pool_idx.tolist()
+        rank = {int(i): k for k, i in enumerate(prop.selection.indices.tolist())}
+        scores: dict[str, np.ndarray] = {
+            "free_energy": prop.outputs.get_free_energy(),
+            "mvsm": prop.outputs.get_mvsm(),
+        }
+        for k, v in prop.selection.scores.items():
+            arr = np.asarray(v)
+            if arr.shape == (len(pool),):
+                scores[k] = arr
+        pred = prop.outputs.get_predictions()
+        chosen_score = predicted_scores(trainer, prop)  # the predicted class's probability
+        rows = [
+            (
+                target_ids[pos],
+                rank.get(j),
+                json.dumps(
+                    {
+                        "predicted": self.classes[int(pred[j])],
+                        **({"score": chosen_score[j]} if j in chosen_score else {}),
+                        **{k: float(v[j]) for k, v in scores.items()},
+                    }
+                ),
+            )
+            for j, pos in enumerate(pool)
+        ]
+        rel, sha = self._write_checkpoint(trainer.state_dict(), "query", epoch)
+        with self._unused_if_failed(rel), self.store.transaction() as c:
+            # the round number and what it was scored from are checked in the writing
+            # transaction: a concurrent `eada query` or `eada train` that committed meanwhile
+            # wins, this one records nothing (and its checkpoint file is deleted)
+            ck_now = self.store.latest_checkpoint()
+            if (
+                len(self.store.rounds()) + 1 != r
+                or (None if ck_now is None else ck_now["id"]) != (None if ck is None else ck["id"])
+                or self._n_label_rows() != n_label_rows
+            ):
+                raise StoreError(
+                    f"another process changed the project while this query scored (now: "
+                    f"{len(self.store.rounds())} round(s), {self._n_label_rows()} label rows, "
+                    f"latest checkpoint {None if ck_now is None else ck_now['path']}); "
+                    "nothing was recorded: "
+                    "see `eada status`, then run `eada query` again if a round is still due"
+                )
+            self._set_mode(mode)
+            ck_id = self._record_checkpoint(
+                c,
+                rel,
+                sha,
+                "query",
+                epoch,
+                (epoch, epoch),
+                int(trainer.labeled_mask.sum()),
+                None,
+            )
+            cur = c.execute(
+                "INSERT INTO rounds (number, strategy, epoch, budget, config, info, "
+                "checkpoint_id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    r,
+                    self.cfg.active.strategy,
+                    epoch,
+                    budget,
+                    json.dumps(self.cfg.active.model_dump(mode="json")),
+                    json.dumps(prop.selection.info, default=_plain),
+                    ck_id,
+                    now(),
+                ),
+            )
+            c.executemany(
+                "INSERT INTO round_samples (round_id, sample_id, rank, scores) VALUES (?, ?, ?, ?)",
+                [(cur.lastrowid, *row) for row in rows],
+            )
+            crash_point("query:before_commit")
+        files = self.export_round(r) if export else {}
+        return {
+            "round": r,
+            "reexported": False,
+            "files": files,
+            "selected": budget,
+            "pool": len(pool),
+            "epoch": epoch,
+        }
+
+    def export_round(self, number: int) -> dict[str, str]:
+        """Write round ``number``'s batch as CSV, JSON and Label Studio tasks (+ config)."""
+        rnd = self.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
+        if rnd is None:
+            raise StoreError(f"no round {number} in this project")
+        rows = []
+        extra = round_rows_extra(self.store.conn)
+        for s in self.store.selected(rnd["id"]):
+            sc = json.loads(s["scores"])
+            pred = sc.pop("predicted")
+            rows.append(
+                {
+                    **extra.get(s["sample_id"], {}),
+                    "score": sc.pop("score", None),
+                    "sample_id": s["sample_id"],
+                    "round": number,
+                    "rank": s["rank"] + 1,
+                    "domain": s["domain"],
+                    "index": s["position"],
+                    "path": s["path"],
+                    "predicted": pred,
+                    "scores": sc,
+                }
+            )
+        score_names = list(rows[0]["scores"]) if rows else []
+        out = self.folder / "exports"
+        out.mkdir(exist_ok=True)
+        stem = out / f"round-{number:03d}"
+        files = {
+            "csv": stem.with_suffix(".csv"),
+            "json": stem.with_suffix(".json"),
+            "label_studio": stem.with_name(stem.name + ".labelstudio.json"),
+            "label_studio_config": out / "labelstudio-config.xml",
+        }
+        write_atomic(files["csv"], export_rows_csv(rows, score_names))
+        doc = {
+            "round": number,
+            "strategy": rnd["strategy"],
+            "epoch": rnd["epoch"],
+            "classes": self.classes,
+            "samples": [{**r, "label": None, "annotator": None} for r in rows],
+        }
+        roots = [label_studio_root(self.store.roots(), self.options.label_studio_root)]
+        doc["label_studio_document_root"] = str(roots[0])
+        write_atomic(files["json"], json.dumps(doc, indent=1))
+        write_atomic(
+            files["label_studio"], json.dumps(label_studio_tasks(rows, roots, number), indent=1)
+        )
+        images = any(r["path"] for r in rows)
+        write_atomic(files["label_studio_config"], label_studio_config(self.classes, images))
+        return {k: str(v) for k, v in files.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)

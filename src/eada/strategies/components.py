@@ -1,0 +1,298 @@
+"""Training components that some baselines need beside the classifier, and the settings each
+declares. :mod:`eada.train.aux` runs them inside :class:`~eada.train.loop.ActiveDATrainer`; the
+config (:class:`~eada.config.ActiveConfig`) accepts exactly the settings they declare.
+
+Each component adds a loss to every training step and may add per-sample scores to the pool
+outputs at selection time (``PoolOutputs.extra``). Like a strategy, it never sees the model:
+only the step's embeddings and the energy head (:class:`StepBatch`).
+
+* ``domain_discriminator`` (AADA, TQS): an MLP on embeddings, source vs target, with gradient
+  reversal into the features (DANN-style); pool score ``domain_source_prob``.
+* ``committee`` (TQS): ``K`` extra linear energy heads on (detached) embeddings, NLL on source
+  and labeled target; pool score ``committee_energies`` ``(N, K, C)``.
+* ``adversarial_entropy`` (CLUE): MME's minimax entropy on unlabeled target (the head maximises
+  it, the features minimise it); no pool score.
+* ``wasserstein_critic`` (WAAL): a critic between labeled (source + labeled target) and
+  unlabeled embeddings (sigmoid output) with a gradient penalty; the features minimise the
+  estimated distance with WAAL's small weight ``active.params.critic_weight`` (default 2e-3);
+  pool score ``critic_score`` in ``[0, 1]``.
+
+:data:`STRATEGY_COMPONENTS` says which strategy switches on which components
+(``active.params.aux_components`` overrides it). Their parameters have their own Adam optimiser
+(``active.params.aux_lr``, default 1e-3, :data:`TRAINING_SETTINGS`);
+``active.params.aux_weight`` scales the gradient reversal and entropy losses (default 0.1);
+the WAAL critic's feature-side weight is ``active.params.critic_weight`` (default 2e-3).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from eada import energy as energy_ops
+
+STRATEGY_COMPONENTS: dict[str, tuple[str, ...]] = {
+    "aada": ("domain_discriminator",),
+    "tqs": ("committee", "domain_discriminator"),
+    "clue": ("adversarial_entropy",),
+    "waal": ("wasserstein_critic",),
+}
+"""The components each strategy trains by default (``active.params.aux_components`` overrides)."""
+
+
+class _GradReverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, coeff: float) -> torch.Tensor:
+        ctx.coeff = coeff
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return -ctx.coeff * grad, None
+
+
+def grad_reverse(x: torch.Tensor, coeff: float = 1.0) -> torch.Tensor:
+    """Identity forward, gradient multiplied by ``-coeff`` backward (Ganin & Lempitsky 2015).
+
+    Example:
+        >>> x = torch.ones(2, requires_grad=True)
+        >>> grad_reverse(x, 0.5).sum().backward()
+        >>> x.grad.tolist()
+        [-0.5, -0.5]
+    """
+    return _GradReverse.apply(x, coeff)
+
+
+def _mlp(d: int, hidden: int, out: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Linear(d, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, out),
+    )
+
+
+class StepBatch:
+    """Embeddings of one training step: source ``zs`` with labels ``ys``, unlabeled target
+    ``zu``, labeled target ``zl`` with labels ``yl`` (may be empty), and the energy ``head``."""
+
+    def __init__(
+        self,
+        zs: torch.Tensor,
+        ys: torch.Tensor,
+        zu: torch.Tensor,
+        zl: torch.Tensor,
+        yl: torch.Tensor,
+        head: nn.Module,
+    ) -> None:
+        self.zs, self.ys, self.zu, self.zl, self.yl, self.head = zs, ys, zu, zl, yl, head
+
+
+class AuxComponent(nn.Module):
+    """One training component: ``loss(batch)`` each step, ``pool_scores(z)`` at selection.
+
+    A component declares the ``active.params`` keys it reads, with their defaults, in
+    :attr:`settings`, and reads them only through :meth:`setting`; the config accepts exactly
+    the declared keys (:data:`COMPONENT_PARAMS`)."""
+
+    name: ClassVar[str] = "component"
+    settings: ClassVar[dict[str, float | int]] = {}
+
+    @classmethod
+    def setting(cls, params: dict[str, Any], key: str) -> Any:
+        """``params[key]``, or the default :attr:`settings` declares (``KeyError`` for a key
+        the component does not declare)."""
+        return params.get(key, cls.settings[key])
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """The component for embeddings of size ``dim``, ``num_classes`` classes and the
+        settings in ``params`` (``active.params``)."""
+        raise NotImplementedError
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        """The component's loss for this step (added to the classifier's) and values to log."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
+        """Per-sample scores on pool embeddings ``z`` (``(N, D)``), for ``PoolOutputs.extra``."""
+        return {}
+
+
+COMPONENT_CLASSES: dict[str, type[AuxComponent]] = {}
+"""Every training component by name (filled by :func:`register_component`)."""
+
+
+def register_component(cls: type[AuxComponent]) -> type[AuxComponent]:
+    """Class decorator adding a component to :data:`COMPONENT_CLASSES` under ``cls.name``."""
+    if cls.name in COMPONENT_CLASSES:
+        raise ValueError(f"training component {cls.name!r} is registered twice")
+    COMPONENT_CLASSES[cls.name] = cls
+    return cls
+
+
+@register_component
+class DomainDiscriminator(AuxComponent):
+    """``D(z) = P(source | z)``; BCE on source (1) vs target (0) embeddings passed through a
+    gradient reversal layer (coefficient ``weight``), so the features learn to fool it."""
+
+    name = "domain_discriminator"
+    settings: ClassVar[dict[str, float | int]] = {"aux_weight": 0.1}
+
+    def __init__(self, dim: int, weight: float, hidden: int = 256) -> None:
+        super().__init__()
+        self.net = _mlp(dim, hidden, 1)
+        self.weight = weight
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        return cls(dim, float(cls.setting(params, "aux_weight")))
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        zt = torch.cat([batch.zu, batch.zl]) if len(batch.zl) else batch.zu
+        z = grad_reverse(torch.cat([batch.zs, zt]), self.weight)
+        y = torch.cat([torch.ones(len(batch.zs)), torch.zeros(len(zt))]).to(z.device)
+        loss = nn.functional.binary_cross_entropy_with_logits(self.net(z).squeeze(1), y)
+        return loss, {"loss_domain": float(loss.detach())}
+
+    @torch.no_grad()
+    def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
+        return {"domain_source_prob": torch.sigmoid(self.net(z)).squeeze(1).double().cpu().numpy()}
+
+
+@register_component
+class Committee(AuxComponent):
+    """``K`` linear energy heads, differently initialised, trained with the energy NLL on source
+    and labeled-target embeddings (detached: the committee does not move the features)."""
+
+    name = "committee"
+    settings: ClassVar[dict[str, float | int]] = {"committee_size": 3}
+
+    def __init__(self, dim: int, num_classes: int, size: int = 3) -> None:
+        super().__init__()
+        if size < 1:
+            raise ValueError(f"committee size must be >= 1, got {size}")
+        self.heads = nn.ModuleList(nn.Linear(dim, num_classes) for _ in range(size))
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        return cls(dim, num_classes, int(cls.setting(params, "committee_size")))
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        z = torch.cat([batch.zs, batch.zl]).detach()
+        y = torch.cat([batch.ys, batch.yl])
+        loss = torch.stack([energy_ops.energy_nll(h(z), y) for h in self.heads]).mean()
+        return loss, {"loss_committee": float(loss.detach())}
+
+    @torch.no_grad()
+    def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
+        e = torch.stack([h(z) for h in self.heads], dim=1)
+        return {"committee_energies": e.double().cpu().numpy()}
+
+
+@register_component
+class AdversarialEntropy(AuxComponent):
+    """MME's minimax entropy (Saito et al. 2019), CLUE's semi-supervised loss:
+    ``L = weight * mean_x sum_y p log p`` with ``p = softmax(-head(GRL(z_u)))``; minimising it
+    makes the head MAXIMISE the entropy, and the reversed gradient makes the features minimise it.
+    """
+
+    name = "adversarial_entropy"
+    settings: ClassVar[dict[str, float | int]] = {"aux_weight": 0.1}
+
+    def __init__(self, weight: float) -> None:
+        super().__init__()
+        self.weight = weight
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        return cls(float(cls.setting(params, "aux_weight")))
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        logp = torch.log_softmax(-batch.head(grad_reverse(batch.zu, 1.0)), dim=1)
+        neg_entropy = (logp.exp() * logp).sum(dim=1).mean()
+        return self.weight * neg_entropy, {"entropy_unlabeled": float(-neg_entropy.detach())}
+
+
+@register_component
+class WassersteinCritic(AuxComponent):
+    """WAAL's critic ``c(z) = sigmoid(f(z))`` in ``[0, 1]`` (bounded, as the authors' critic, so
+    the query's ``selection`` weight keeps its scale against the uncertainty bound).
+
+    The critic maximises ``W = mean c(z_unlabeled) - mean c(z_labeled)`` with a gradient penalty
+    ``gp * (||grad c|| - 1)^2`` on interpolates (WGAN-GP); through a gradient reversal the
+    features minimise ``weight * W``. ``weight`` is WAAL's ``alpha`` (authors' default 2e-3).
+    Our first critic was unbounded: its game oscillated and collapsed target accuracy (Office-31
+    frozen, 29% on one seed). Bounded, the critic trains stably with either weight (BENCHMARKS.md).
+    High ``c`` = unlike the labeled data (source + labeled target here).
+
+    Example:
+        >>> torch.manual_seed(0) and None
+        >>> critic = WassersteinCritic(dim=4, weight=2e-3)
+        >>> z = torch.randn(8, 4)
+        >>> batch = StepBatch(z[:4], torch.zeros(4, dtype=torch.long), z[4:], z[:0],
+        ...                   torch.zeros(0, dtype=torch.long), nn.Linear(4, 3))
+        >>> loss, logs = critic.loss(batch)
+        >>> sorted(logs), bool(torch.isfinite(loss))
+        (['wasserstein'], True)
+    """
+
+    name = "wasserstein_critic"
+    settings: ClassVar[dict[str, float | int]] = {"critic_weight": 2e-3}
+
+    def __init__(self, dim: int, weight: float, gp: float = 10.0, hidden: int = 256) -> None:
+        super().__init__()
+        self.net = _mlp(dim, hidden, 1)
+        self.weight, self.gp = weight, gp
+
+    def critic(self, z: torch.Tensor) -> torch.Tensor:
+        """``c(z)`` in ``[0, 1]``, shape ``(N,)``."""
+        return torch.sigmoid(self.net(z)).squeeze(1)
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        return cls(dim, float(cls.setting(params, "critic_weight")))
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        lab = torch.cat([batch.zs, batch.zl]) if len(batch.zl) else batch.zs
+        unl = batch.zu
+        w = (
+            self.critic(grad_reverse(unl, self.weight)).mean()
+            - self.critic(grad_reverse(lab, self.weight)).mean()
+        )
+        m = min(len(lab), len(unl))
+        a, b = lab[:m].detach(), unl[:m].detach()
+        t = torch.rand(m, 1, device=a.device)
+        mix = (t * a + (1 - t) * b).requires_grad_(True)
+        (g,) = torch.autograd.grad(self.critic(mix).sum(), mix, create_graph=True)
+        penalty = ((g.norm(dim=1) - 1.0) ** 2).mean()
+        return -w + self.gp * penalty, {"wasserstein": float(w.detach())}
+
+    @torch.no_grad()
+    def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
+        return {"critic_score": self.critic(z).double().cpu().numpy()}
+
+
+COMPONENTS = tuple(COMPONENT_CLASSES)
+"""Every training component's name (from the registered classes, so it cannot drift)."""
+
+TRAINING_SETTINGS: dict[str, Any] = {"aux_components": None, "aux_lr": 1e-3}
+"""The ``active.params`` keys that the components' runner (:class:`~eada.train.aux.AuxTraining`)
+reads: which components (default: :data:`STRATEGY_COMPONENTS` of the strategy) and their
+optimiser's learning rate."""
+
+COMPONENT_PARAMS = tuple(
+    sorted({*TRAINING_SETTINGS, *(k for c in COMPONENT_CLASSES.values() for k in c.settings)})
+)
+"""The ``active.params`` keys the training components read (validated in the config): the
+runner's :data:`TRAINING_SETTINGS` and every component's declared :attr:`AuxComponent.settings`.
+"""
