@@ -149,7 +149,8 @@ rank, world = setup("gloo")
 out = {{"world": world}}
 for method in ("eada", "coreset", "badge", "aada"):
     out[method] = trainer_for(method).propose(12).chosen.tolist()
-tr = trainer_for("eada", ["train.forward=fused", "model.bottleneck_dim=16"])
+extra = ["train.forward=fused", "model.bottleneck_dim=16", "train.alignment=normalized"]
+tr = trainer_for("eada", extra)
 res = tr.run()
 out["labeled"] = res.labeled_indices
 out["rounds"] = [r["selected"] for r in res.rounds[1:]]
@@ -166,7 +167,8 @@ teardown()
 def test_distributed_trainer_selects_the_single_process_set_and_trains(tmp_path: Path) -> None:
     """Through the trainer: with 2 gloo processes the sharded scoring + rank-0 selection picks
     exactly what one process picks (4 strategies, from pool scores, embeddings, a training
-    component); then a short DDP run (fused forward, a batch-norm bottleneck, 2 rounds) ends
+    component); then a short DDP run (fused forward, a batch-norm bottleneck, the default
+    ``normalized`` alignment with its per-rank scale, 2 rounds) ends
     with the same labeled set, parameters, batch-norm statistics, metrics and Delta on both
     ranks."""
     script = tmp_path / "worker.py"

@@ -600,6 +600,30 @@ def test_normalized_alignment_is_scale_free_and_gives_the_scale_no_gradient() ->
     assert (normalized_free_energy(et, alignment_scale(es, et)) <= -math.log(5) + 1e-12).all()
 
 
+def test_normalized_alignment_is_finite_when_every_recentred_energy_is_zero() -> None:
+    """A zero-initialised head (or one-sample batches) gives recentred energies of exactly 0:
+    the scale sits at its floor and the gradient is 0, not NaN (sqrt's slope at 0 is inf)."""
+    w = torch.zeros(3, 4, requires_grad=True)
+    e = torch.randn(8, 4, generator=torch.Generator().manual_seed(6)) @ w.t() + torch.ones(3)
+    s = alignment_scale(e[:4], e[4:])
+    assert s.item() == 1.0
+    free_energy_alignment_loss(e[4:], -2.0, alignment="normalized", scale=s).backward()
+    assert w.grad is not None and torch.isfinite(w.grad).all()
+
+
+def test_normalized_free_energy_stays_within_its_bounds() -> None:
+    """``-log C >= N >= -log C - sqrt(n C)``, ``n`` the samples ``sigma`` is taken over."""
+    g = torch.Generator().manual_seed(7)
+    for n_s, n_t, c, spread in ((2, 1, 2, 1e3), (4, 4, 10, 50.0), (1, 3, 31, 1e4)):
+        es = spread * torch.randn(n_s, c, generator=g, dtype=torch.float64)
+        et = spread * torch.randn(n_t, c, generator=g, dtype=torch.float64)
+        et[0, 0] -= 100 * spread  # one very confident sample
+        s = alignment_scale(es, et)
+        values = torch.cat([normalized_free_energy(es, s), normalized_free_energy(et, s)])
+        assert (values <= -math.log(c) + 1e-9).all()
+        assert (values >= -math.log(c) - math.sqrt((n_s + n_t) * c)).all()
+
+
 def test_normalized_alignment_below_one_nat_is_the_balanced_one() -> None:
     e = 0.01 * torch.randn(6, 3, generator=torch.Generator().manual_seed(5))
     assert alignment_scale(e, e).item() == 1.0

@@ -71,8 +71,10 @@ def test_bad_forward_mode() -> None:
         StepForward(_net(), "joint")  # type: ignore[arg-type]
 
 
-def test_trainer_fused_matches_separate() -> None:
-    """The toy run (bottleneck with batch norm) trains to the same model either way."""
+@pytest.mark.parametrize("alignment", ["paper", "normalized"])
+def test_trainer_fused_matches_separate(alignment: str) -> None:
+    """The toy run (bottleneck with batch norm) trains to the same model either way, with the
+    toy's pinned `paper` alignment and the default `normalized` one (a scale over two streams)."""
     runs = {}
     for mode in ("separate", "fused"):
         cfg = preset_config(
@@ -84,6 +86,7 @@ def test_trainer_fused_matches_separate() -> None:
                 "active.rounds_at=[1]",
                 "model.bottleneck_dim=16",  # a batch-norm layer, so the modes could differ
                 f"train.forward={mode}",
+                f"train.alignment={alignment}",
             ],
         )
         tr = ActiveDATrainer(cfg, load_task(cfg.data, 0))
