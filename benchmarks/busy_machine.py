@@ -18,7 +18,8 @@ Cases (small on purpose; the names are the table's):
 * ``toy-grid``: ``eada bench toy --methods random,entropy,margin,eada --seeds 0-3`` (16 small
   runs: the throughput of ``--jobs 2`` against one process);
 * with ``--jobs`` also the grids with ``--jobs 2`` for versions that have it, and
-  ``toy-grid-48`` (the toy grid on seeds 0-11, 48 runs) in one process and with ``--jobs 2``;
+  ``toy-grid-48`` (the toy grid on seeds 0-11, 48 runs) and ``toy-grid-144`` (seeds 0-35, 144
+  runs) in one process and with ``--jobs 2``;
 * ``--no-neighbour``: no busy neighbour (the throughput of ``--jobs`` on an idle machine).
 
     python benchmarks/busy_machine.py --code before=/tmp/old_tree --code after=. \\
@@ -48,6 +49,7 @@ def cases(cache_dir: str, jobs: bool) -> dict[str, list[str]]:
     digits += ["--set", "train.epochs=2", "--set", "active.rounds_at=[1]"]
     toy = ["bench", "toy", "--methods", "random,entropy,margin,eada", "--seeds", "0-3"]
     toy48 = ["bench", "toy", "--methods", "random,entropy,margin,eada", "--seeds", "0-11"]
+    toy144 = ["bench", "toy", "--methods", "random,entropy,margin,eada", "--seeds", "0-35"]
     out = {
         "demo": ["demo", "--out", "{out}"],
         "demo --seeds 1": ["demo", "--seeds", "1", "--out", "{out}"],
@@ -59,6 +61,8 @@ def cases(cache_dir: str, jobs: bool) -> dict[str, list[str]]:
         out["toy-grid --jobs 2"] = [*toy, "--out", "{out}", "--jobs", "2"]
         out["toy-grid-48"] = [*toy48, "--out", "{out}"]
         out["toy-grid-48 --jobs 2"] = [*toy48, "--out", "{out}", "--jobs", "2"]
+        out["toy-grid-144"] = [*toy144, "--out", "{out}"]
+        out["toy-grid-144 --jobs 2"] = [*toy144, "--out", "{out}", "--jobs", "2"]
         out["office31-frozen --jobs 2"] = [*office, "--out", "{out}", "--jobs", "2"]
         out["digits --jobs 2"] = [*digits, "--out", "{out}", "--jobs", "2"]
     return out
