@@ -86,11 +86,17 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def tmp_name(path: Path) -> Path:
+    """The temporary file a write of ``path`` goes through: ``.NAME.PID.tmp`` beside it (one a
+    process, so concurrent writers of ``path`` never share one)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
 def write_json(path: Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically (temp file + rename): a crash never leaves a
-    half-written file behind."""
+    """Write ``obj`` as indented JSON atomically (:func:`tmp_name` + rename): a crash never
+    leaves a half-written file behind, and concurrent writers never a mixed one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = tmp_name(path)
     tmp.write_text(json.dumps(_clean(obj), indent=1) + "\n")
     os.replace(tmp, path)
     return path

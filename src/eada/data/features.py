@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 from torch import nn
 
 from eada.data.base import TensorDomain
+from eada.runs import tmp_name
 
 FEATURE_KEYS = ("features", "fts", "feas", "feats", "x", "X", "data")
 LABEL_KEYS = ("labels", "label", "y", "Y", "gt", "targets")
@@ -363,7 +363,7 @@ def save_cached_features(cache_dir: Path, key: str, feats: torch.Tensor) -> Path
     partial file) and return the file."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     f = cache_dir / f"{key}.pt"
-    tmp = f.with_suffix(f".{os.getpid()}.tmp")
+    tmp = tmp_name(f)
     torch.save(feats, tmp)
     tmp.replace(f)
     return f

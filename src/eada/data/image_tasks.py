@@ -11,7 +11,6 @@ all unreadable or missing images are reported together, and the run stops unless
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +43,7 @@ from eada.data.transforms import (
     normalization_for,
     transform_key,
 )
+from eada.runs import write_json
 
 
 def transform_spec(cfg: ImageListData) -> TransformSpec:
@@ -263,10 +263,7 @@ class FeatureCheck:
         if bad:
             kept = images.drop(set(bad))
             feats = feats[[i for i, r in enumerate(reasons) if not r]]
-            cache.mkdir(parents=True, exist_ok=True)
-            tmp = known.with_suffix(f".{os.getpid()}.tmp")  # concurrent runs: never a partial file
-            tmp.write_text(json.dumps({str(p): r for p, r in bad.items()}, indent=1) + "\n")
-            tmp.replace(known)
+            write_json(known, {str(p): r for p, r in bad.items()})  # atomic, per process
         saved = save_cached_features(cache, self.key(kept), feats) if kept.paths else None
         info = {"cache": "miss", "file": str(saved), "seconds": time.perf_counter() - t0}
         self._extracted[role] = (kept, feats, info)

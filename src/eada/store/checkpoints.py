@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from eada.runs import tmp_name
 from eada.store.base import ProjectBase
-from eada.store.db import StoreError, now, tmp_name
+from eada.store.db import StoreError, now
 
 
 def crash_point(name: str) -> None:

@@ -213,11 +213,6 @@ def remove_stale_tmp(*folders: Path) -> list[Path]:
     return removed
 
 
-def tmp_name(path: Path) -> Path:
-    """The temporary file a write of ``path`` goes through: ``.NAME.PID.tmp`` beside it."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
-
-
 def now() -> str:
     """The current UTC time as ISO-8601 text."""
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")

@@ -13,6 +13,8 @@ from typing import Any
 from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
+from eada.runs import tmp_name
+
 LS_FROM_NAME = "label"  # the <Choices name=...> of the Label Studio config we write
 LS_LOCAL_PREFIX = "/data/local-files/?d="
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")  # what spreadsheets run as a formula
@@ -48,7 +50,7 @@ class LabelItem:
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never partial;
     a failed write, e.g. a full disk, leaves ``path`` as it was and no temporary file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = tmp_name(path)
     try:
         with open(tmp, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
