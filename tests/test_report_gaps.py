@@ -67,23 +67,12 @@ def test_report_on_an_image_run_without_data_root(tmp_path: Path, monkeypatch) -
     tests = Path(__file__).parent
     monkeypatch.syspath_prepend(str(tests))
     sys.modules.pop("test_images", None)
-    from test_images import _make_domain
+    from test_images import _cfg, _make_domain
 
     src, tgt = _make_domain(tmp_path, "src"), _make_domain(tmp_path, "tgt", shift=20)
-    raw = {
-        "name": "tiny-images",
-        "data": {
-            "kind": "images",
-            "source": str(src),
-            "target": str(tgt),
-            "transforms": {"resize": 36, "crop": 32, "test_resize": 36},
-            "workers": 0,
-        },
-        "model": {"name": "backbone", "backbone": "tiny", "factory": "test_images:tiny_backbone"},
-        "train": {"epochs": 2, "batch_size": 4, "eval_batch_size": 8},
-        "active": {"strategy": "eada", "rounds_at": [1], "budget_per_round": 2},
-    }
-    raw["model"]["weights"] = None
+    raw = _cfg(src, tgt, "test_images:tiny_backbone", tmp_path)  # no data.root
+    raw["train"] |= {"epochs": 2, "eval_batch_size": 8}
+    raw["active"]["rounds_at"] = [1]
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     run = tmp_path / "run"
