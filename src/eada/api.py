@@ -156,16 +156,22 @@ def load_model(path: str | Path) -> LoadedModel:
 
 
 def create_project(
-    folder: str | Path, config: str | Path, overrides: Sequence[str] = (), progress: bool = True
+    folder: str | Path,
+    config: str | Path,
+    overrides: Sequence[str] = (),
+    progress: bool = True,
+    allow_roots: Sequence[str | Path] = (),
 ) -> Any:
-    """``eada init --store FOLDER --config CONFIG [--set k=v ...]``: register the data of a
-    project config (with its optional ``store:`` section) and return the project.
-    ``progress`` prints the feature-extraction lines."""
+    """``eada init --store FOLDER --config CONFIG [--set k=v ...] [--allow-root DIR ...]``:
+    register the data of a project config (with its optional ``store:`` section) and return
+    the project. ``progress`` prints the feature-extraction lines; ``allow_roots`` are folders
+    outside the config's data folders that its files may resolve into."""
     from eada.store import init_project
     from eada.store.config import load_project_config
 
     cfg, options = load_project_config(config, list(overrides))
-    return init_project(folder, cfg, options=options, progress=print if progress else None)
+    roots = [Path(r) for r in allow_roots]
+    return init_project(folder, cfg, roots, options, progress=print if progress else None)
 
 
 def open_project(folder: str | Path) -> Any:

@@ -1,7 +1,8 @@
 """The annotation-round subcommands of ``eada`` (a project store in a folder):
 
 eada init --store DIR (--preset NAME [--method M] | --config FILE.yaml
-                       | --source-dir D --target-dir D) [--seed S] [--set k=v ...] [--root DIR ...]
+                       | --source-dir D --target-dir D) [--seed S] [--set k=v ...]
+                       [--allow-root DIR ...]
 eada query --store DIR [--budget N]            score the pool, select, export CSV/JSON/Label Studio
 eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried]
 eada train --store DIR [--epochs N] [--simulate]
@@ -71,7 +72,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
             "active": {"strategy": "eada", "rounds_at": [1, 2, 3, 4, 5], "budget_per_round": 0.01},
         }
         cfg = build_config(apply_overrides(raw, args.set), "--source-dir/--target-dir project")
-    roots = [Path(r) for r in args.root]
+    roots = [Path(r) for r in args.allow_root]
     proj = init_project(args.store, cfg, roots, options, progress=_log)
     st = proj.status()
     labeled = "labeled" if proj.target_labeled else "unlabeled"
@@ -93,8 +94,10 @@ def _cmd_query(args: argparse.Namespace) -> int:
     if "json" in out["files"]:
         doc = json.loads(Path(out["files"]["json"]).read_text())
         root = doc.get("label_studio_document_root")
-        if any(s.get("path") for s in doc.get("samples", [])):  # feature rows: no files served
+        if root is not None:  # None: feature rows (no files served), or no safe folder
             console.print(f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root}")
+        elif doc.get("label_studio_note"):
+            console.print(f"  Label Studio: {doc['label_studio_note']}")
     return 0
 
 
@@ -208,10 +211,13 @@ def add_store_commands(sub: Any) -> None:
         help="override a config key (repeatable)",
     )
     p.add_argument(
-        "--root",
+        "--allow-root",
         action="append",
         default=[],
-        help="another data root that import paths may point into (repeatable)",
+        metavar="DIR",
+        help="a folder outside the config's data folders that the project's files (image "
+        "lists, symlinks) and label imports may point into; recorded in the store "
+        "(repeatable; the store never adds one by itself)",
     )
     p.set_defaults(func=_cmd_init)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from eada.config import (
     ConfigError,
@@ -16,6 +16,7 @@ from eada.config import (
     parse_config,
     read_yaml_mapping,
 )
+from eada.store.roots import unsafe_document_root
 
 
 class FolderData(BaseModel):
@@ -67,13 +68,22 @@ class StoreOptions(BaseModel):
             labeled. ``eada init`` records the resolved value.
         label_studio_root: the folder Label Studio serves local files from
             (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); default: the deepest folder holding
-            every registered data root.
+            every registered data root. Never ``/`` nor a parent of a home folder (an
+            error; a derived one that would be is not written: set this key).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     target: Literal["auto", "labeled", "unlabeled"] = "auto"
     label_studio_root: Path | None = None
+
+    @field_validator("label_studio_root")
+    @classmethod
+    def _safe_root(cls, v: Path | None) -> Path | None:
+        why = None if v is None else unsafe_document_root(v)
+        if why is not None:
+            raise ValueError(f"{why}; Label Studio would serve every file under it")
+        return v
 
 
 def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptions]:

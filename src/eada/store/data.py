@@ -20,6 +20,7 @@ from eada.store.config import (  # noqa: F401  (build_config, resolved_config: m
     build_config,
     resolved_config,
 )
+from eada.store.roots import confine  # noqa: F401  (its home is eada.store.roots)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 """The suffixes a folder project registers (fewer than :data:`~eada.data.images.IMAGE_EXTENSIONS`:
@@ -164,43 +165,3 @@ def default_roots(cfg: ExperimentConfig) -> list[Path]:
         return found + ([Path(data.root)] if data.root is not None else [])
     root = getattr(data, "root", None)
     return [Path(root)] if root is not None else []
-
-
-def confine(path: str | Path, roots: list[Path]) -> Path:
-    """Resolve ``path`` (symlinks and ``..`` included) and require it inside a data root.
-
-    A relative path is tried against each root in turn.
-
-    Raises:
-        ValueError: the path does not exist or resolves outside every root.
-
-    Example:
-        >>> import tempfile
-        >>> root = Path(tempfile.mkdtemp()).resolve(); (root / "a.png").write_bytes(b"x")
-        1
-        >>> confine(root / "a.png", [root]) == root / "a.png"
-        True
-    """
-    p = Path(path)
-    resolved_roots = [r.resolve() for r in roots]
-    candidates = [p] if p.is_absolute() else [r / p for r in resolved_roots]
-    if not resolved_roots:
-        raise ValueError(f"path {path!s}: this project registers no data roots (no file paths)")
-    not_files: list[Path] = []
-    for c in candidates:  # a relative path: the first root that holds the file wins
-        r = c.resolve()
-        inside = any(r == root or root in r.parents for root in resolved_roots)
-        if not inside:
-            continue
-        if not r.is_file():
-            not_files.append(r)
-            continue
-        return r
-    if not_files:
-        tried = ", ".join(str(r) for r in not_files)
-        raise ValueError(f"path {path!s} is not a file under any data root (tried {tried})")
-    shown = ", ".join(str(r) for r in resolved_roots)
-    where = candidates[0].resolve()
-    raise ValueError(
-        f"path {path!s} resolves to {where}, outside the registered data roots ({shown})"
-    )

@@ -43,9 +43,10 @@ from eada.store.db import Store, StoreError
 from eada.store.exports import model_meta, write_predictions
 from eada.store.labelfiles import ImportFileError, csv_safe, write_atomic
 from eada.store.labels import ImportValidationError
+from eada.store.roots import check_within_roots, label_studio_root
 from eada.store.rounds import ProjectRounds
 from eada.store.targets import record_sample_info
-from eada.store.unlabeled import accuracy_summary, list_roots, options_json, resolve_target
+from eada.store.unlabeled import accuracy_summary, options_json, resolve_target
 from eada.train import ActiveDATrainer
 
 Progress = Callable[[str], None] | None
@@ -60,7 +61,13 @@ def init_project(
 ) -> Project:
     """Register a project: config, data roots, classes and every source/target/held-out sample
     (content hash; file path for image folders). Everything is loaded and validated (data
-    readable, no corrupt image, round plan feasible) before the store is created.
+    readable, no corrupt image, round plan feasible, every file inside the data roots) before
+    the store is created.
+
+    The data roots are the folders the config names plus ``roots`` (``--allow-root``), and
+    nothing else: a file that resolves outside them (absolute path, ``..``, symlink) is an
+    :class:`~eada.store.roots.OutsideRootsError`. Every root is recorded in the store (the
+    ``roots`` table; the allowed ones also in meta ``allowed_roots``).
 
     Example:
         >>> import tempfile
@@ -76,11 +83,13 @@ def init_project(
     options, labeled = resolve_target(cfg, options)
     task, paths, info = load_project_data(cfg, labeled, progress)
     ActiveDATrainer(cfg, task)  # validates domains and the round plan before any write
-    all_roots = [Path(r).resolve() for r in [*default_roots(cfg), *(roots or [])]]
-    all_roots += list_roots(paths, all_roots)
+    allowed = [Path(r).absolute().resolve() for r in roots or []]
+    all_roots = [Path(r).resolve() for r in default_roots(cfg)] + allowed
     for r in all_roots:
         if not r.is_dir():
             raise FileNotFoundError(f"data root not found: {r}")
+    check_within_roots(paths, all_roots)  # the store never widens its roots by itself
+    label_studio_root(all_roots, options.label_studio_root)  # refuses an unsafe one early
     rows: list[tuple[str, str, int, str | None, str]] = []
     domains = [("source", task.source), ("target", task.target)]
     if task.heldout is not None:
@@ -99,6 +108,7 @@ def init_project(
             "config", json.dumps({**resolved_config(cfg), "store": options_json(options)})
         )
         store.set_meta("eada_version", _eada_version())
+        store.set_meta("allowed_roots", json.dumps([str(r) for r in dict.fromkeys(allowed)]))
         c.executemany(
             "INSERT INTO roots (path) VALUES (?)", [(str(r),) for r in dict.fromkeys(all_roots)]
         )

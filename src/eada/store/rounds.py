@@ -17,7 +17,7 @@ from eada.store.labelfiles import (
     write_atomic,
 )
 from eada.store.labels import ProjectLabels
-from eada.store.targets import label_studio_root
+from eada.store.roots import NO_DOCUMENT_ROOT, label_studio_root
 from eada.store.unlabeled import predicted_scores, round_rows_extra
 from eada.train import ActiveDATrainer
 
@@ -195,8 +195,11 @@ class ProjectRounds(ProjectLabels):
             "classes": self.classes,
             "samples": [{**r, "label": None, "annotator": None} for r in rows],
         }
-        roots = [label_studio_root(self.store.roots(), self.options.label_studio_root)]
-        doc["label_studio_document_root"] = str(roots[0])
+        root = label_studio_root(self.store.roots(), self.options.label_studio_root)
+        roots = [] if root is None else [root]
+        doc["label_studio_document_root"] = None if root is None else str(root)
+        if root is None and any(r["path"] for r in rows):
+            doc["label_studio_note"] = NO_DOCUMENT_ROOT
         write_atomic(files["json"], json.dumps(doc, indent=1))
         write_atomic(
             files["label_studio"], json.dumps(label_studio_tasks(rows, roots, number), indent=1)

@@ -39,6 +39,7 @@ from eada.store.config import (  # noqa: F401  (their home moved to eada.store.c
     load_project_config,
     split_store_section,
 )
+from eada.store.roots import label_studio_root  # noqa: F401  (its home: eada.store.roots)
 
 Progress = Callable[[str], None] | None
 
@@ -161,9 +162,10 @@ def unlabeled_images(
 
 def labeled_heldout(spec: Path, classes: list[str], root: Path | None = None) -> ImageList:
     """A labeled held-out target split: class folders, a ``path label`` list, or a ``.csv``
-    with ``path`` and ``label`` (a class NAME) columns."""
+    with ``path`` and ``label`` (a class NAME) columns. Paths are not confined here: the store
+    confines every file to its data roots (:func:`eada.store.roots.check_within_roots`)."""
     if spec.suffix.lower() != ".csv":
-        return load_image_list(spec, root, classes)
+        return load_image_list(spec, root, classes, allow_outside=True)
     base = root if root is not None else spec.parent
     lookup = {c: i for i, c in enumerate(classes)}
     paths: list[Path] = []
@@ -204,10 +206,12 @@ def load_store_images(
     from eada.data.image_tasks import cached_feature_domains, drop_bad_images, image_domains
     from eada.data.tasks import Task
 
-    source = load_image_list(data.source, data.root)
+    # every file is confined to the project's data roots by eada.store.roots at init (roots
+    # the user names with --allow-root included), not to each list's folder here
+    source = load_image_list(data.source, data.root, allow_outside=True)
     info = SampleInfo()
     if labeled:
-        target = load_image_list(data.target, data.root, source.classes)
+        target = load_image_list(data.target, data.root, source.classes, allow_outside=True)
     else:
         target, info = unlabeled_images(Path(data.target), source.classes, data.root)
     lists = {"source": source, "target": target}
@@ -348,15 +352,3 @@ def sample_info(conn: sqlite3.Connection) -> dict[int, tuple[str | None, str | N
         r[0]: (r[1], r[2])
         for r in conn.execute("SELECT sample_id, external_id, external_path FROM sample_info")
     }
-
-
-def label_studio_root(roots: list[Path], option: Path | None) -> Path:
-    """The folder Label Studio serves files from: ``option``, else the deepest folder that
-    holds every data root."""
-    import os
-
-    if option is not None:
-        return Path(option).resolve()
-    if not roots:
-        return Path("/")
-    return Path(os.path.commonpath([str(r.resolve()) for r in roots]))

@@ -14,7 +14,6 @@ the progress lines. Accuracy is reported only where labels exist:
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 from pathlib import Path
@@ -57,20 +56,6 @@ def resolve_target(
 def options_json(options: StoreOptions) -> dict[str, Any]:
     """The ``store`` section as recorded in the project config."""
     return options.model_dump(mode="json")
-
-
-def list_roots(paths: dict[str, list[Path] | None], roots: list[Path]) -> list[Path]:
-    """Extra data roots for files outside ``roots`` (image lists naming files elsewhere): the
-    deepest folder holding a role's files."""
-    extra: list[Path] = []
-    for files in paths.values():
-        if not files:
-            continue
-        absolute = [Path(p).absolute() for p in files]
-        outside = [p for p in absolute if not any(r in p.resolve().parents for r in roots)]
-        if outside:
-            extra.append(Path(os.path.commonpath([str(p.parent) for p in absolute])).resolve())
-    return extra
 
 
 def hide_guessed_accuracy(value: Any) -> Any:
