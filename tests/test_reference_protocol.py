@@ -7,6 +7,7 @@ the reference semantics."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from eada.train import ActiveDATrainer
 from eada.train.loop import BatchStream
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAPER_CONFIGS = sorted(
     p
     for p in CONFIGS.glob("*.yaml")
@@ -245,12 +247,109 @@ def test_paper_configs_follow_the_authors_code() -> None:
         assert cfg.train.amp is False and cfg.train.loaders == "per_epoch", path
         assert cfg.data.transforms.unlabeled_view == "random_crop", path  # type: ignore[union-attr]
         assert cfg.active.selection_rule == "reference", path
+        assert cfg.model.freeze_bottleneck_bn_affine is True, path  # their optimizer's groups
         header = [ln for ln in path.read_text().splitlines() if ln.startswith("#")]
         text = " ".join(header)
         assert "paper:" in text and "authors' code" in text, path
         assert "the paper's protocol" not in text, path
+        # what is true until a run exists: the protocol's record in our docs, and no claim
+        assert "reproduce" not in text and "not yet run to completion here" in text, path
+        m = re.search(r"docs/reference-protocol\.md:(\d+)", text)
+        assert m is not None, path
+        cited = (DOCS / "reference-protocol.md").read_text().splitlines()[int(m[1]) - 1]
+        dataset = {"office31": "Office-31", "office_ho": "Office-Home", "visda2017": "VisDA-2017"}
+        assert cited.startswith(dataset[path.name[:9].rstrip("_")] + " ("), (path, cited)
         raw = yaml.safe_load(path.read_text())
         if "visda2017" in path.name:  # the authors' configs, not the appendix (50, 0.01)
             assert raw["train"]["gamma"] == 0.0005 and "gamma 0.0005" in text
         if path.name.startswith("office_home_"):
             assert raw["train"]["epochs"] == 40 and "40 epochs" in text
+
+
+# -- the Random baseline's budget, the bottleneck batch norm (issue 23, part 5) ---------------
+def _authors_random_count(n_target: int, share: float) -> int:
+    """The authors' RAND_active: ``random.sample(range(pool), round(totality * ratio))``,
+    Python 3's round of the float product (half to even)."""
+    return round(n_target * share)
+
+
+def test_reference_random_budget_is_the_authors_round() -> None:
+    from eada.strategies import reference_random_budget, resolve_budget
+
+    # the issue's three targets: ceil gave 29, 25, 45; the authors' code labels 28, 24, 44
+    for n, theirs, ceil in ((2817, 28, 29), (2427, 24, 25), (4439, 44, 45)):
+        assert reference_random_budget(0.01, n) == theirs == _authors_random_count(n, 0.01)
+        assert resolve_budget(0.01, n) == ceil
+    # half-way products round to even as theirs do (not half up): 2.5 -> 2, 3.5 -> 4
+    assert reference_random_budget(0.5, 5) == 2 and reference_random_budget(0.5, 7) == 4
+    for n in range(100, 60_000, 37):
+        for share in (0.01, 0.025, 0.05):
+            assert reference_random_budget(share, n) == _authors_random_count(n, share), (n, share)
+    assert reference_random_budget(0.01, 10) == 1  # theirs: 0; we label at least one
+    with pytest.raises(ValueError, match="share"):
+        reference_random_budget(0.0, 10)
+
+
+def test_random_plan_uses_round_under_reference_only() -> None:
+    def plan(strategy: str, rule: str) -> list[int]:
+        t = _toy_trainer(
+            [
+                f"active.strategy={strategy}",
+                f"active.selection_rule={rule}",
+                "active.budget_per_round=0.013",
+                "active.rounds_at=[1]",
+            ]
+        )
+        n = len(t.task.target)
+        assert math.ceil(0.013 * n) != round(0.013 * n), n  # the case tells them apart
+        return [p["budget"] for p in t.plan]
+
+    n = len(_toy_trainer([]).task.target)
+    assert plan("random", "reference") == [round(0.013 * n)]
+    assert plan("random", "paper") == [math.ceil(0.013 * n)]
+    assert plan("entropy", "reference") == [math.ceil(0.013 * n)]  # theirs has no entropy
+
+
+def test_frozen_bottleneck_bn_affine_stays_at_its_initial_values() -> None:
+    from eada.config import ModelConfig
+    from eada.models import build_model
+    from eada.train.loop import build_optimizer
+
+    def trained(freeze: bool) -> tuple[torch.nn.BatchNorm1d, torch.Tensor, int]:
+        cfg = preset_config(
+            "toy",
+            "eada",
+            0,
+            [
+                "data.n_per_class=40",
+                "train.epochs=2",
+                "active.rounds_at=[1]",
+                "model.name=mlp",
+                "model.hidden=[8]",
+                "model.bottleneck_dim=4",
+                f"model.freeze_bottleneck_bn_affine={str(freeze).lower()}",
+            ],
+        )
+        from eada.data.tasks import load_task
+
+        t = ActiveDATrainer(cfg, load_task(cfg.data, 0))
+        bn = t.model.bottleneck[1]
+        handed = {id(p) for g in t.optimizer.param_groups for p in g["params"]}
+        lin_before = t.model.bottleneck[0].weight.detach().clone()
+        t.run()
+        moved = int(not torch.equal(lin_before, t.model.bottleneck[0].weight))
+        assert (id(bn.weight) in handed) is not freeze  # the optimiser never receives them
+        return bn, bn.running_mean.clone(), moved
+
+    bn, running, moved = trained(True)
+    assert torch.equal(bn.weight, torch.ones(4)) and torch.equal(bn.bias, torch.zeros(4))
+    assert moved and not torch.equal(running, torch.zeros(4))  # the rest trains, stats update
+    bn, _, _ = trained(False)  # the default trains them
+    assert not torch.equal(bn.weight, torch.ones(4)) or not torch.equal(bn.bias, torch.zeros(4))
+    # typed: a model without a bottleneck cannot freeze one
+    with pytest.raises(ValueError, match="bottleneck_dim"):
+        ModelConfig(name="mlp", freeze_bottleneck_bn_affine=True)
+    net = build_model(ModelConfig(name="mlp", hidden=[8], bottleneck_dim=4), (6,), 3)
+    assert all(p.requires_grad for p in net.parameters())
+    groups = build_optimizer(preset_config("toy").optim, net).param_groups
+    assert sum(len(g["params"]) for g in groups) == len(list(net.parameters())) == 8

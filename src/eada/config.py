@@ -154,7 +154,9 @@ class ModelConfig(_Strict):
     """The energy network. ``linear``: one fully-connected layer (toy); ``lenet``: digits CNN;
     ``mlp``: hidden layers on flat inputs; ``backbone``: an image backbone (``backbone`` name,
     ``weights``, or a user ``factory``) + bottleneck + head; with ``freeze_backbone`` the
-    backbone only extracts features once and the head is trained on them."""
+    backbone only extracts features once and the head is trained on them.
+    ``freeze_bottleneck_bn_affine``: the bottleneck batch norm's affine parameters stay at
+    their initial values (the authors' code; on in the paper configs, off by default)."""
 
     name: Literal["linear", "lenet", "mlp", "backbone"] = "lenet"
     hidden: list[int] = Field(default_factory=lambda: [256])
@@ -166,6 +168,19 @@ class ModelConfig(_Strict):
     factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     bottleneck_dim: int | None = Field(None, ge=1)  # Linear -> BatchNorm1d before the head
     freeze_backbone: bool = False  # extract features once (cached), train the head only
+    # keep the bottleneck BatchNorm's scale/shift at 1/0 (never trained), as the authors' code
+    # does (its optimiser never receives them); the paper configs set it, off elsewhere
+    freeze_bottleneck_bn_affine: bool = False
+
+    @model_validator(mode="after")
+    def _bn_needs_bottleneck(self) -> ModelConfig:
+        if self.freeze_bottleneck_bn_affine and not self.bottleneck_dim:
+            raise ValueError(
+                "model.freeze_bottleneck_bn_affine needs a bottleneck: set model.bottleneck_dim"
+            )
+        if self.freeze_bottleneck_bn_affine and self.name == "lenet":
+            raise ValueError("model.freeze_bottleneck_bn_affine: lenet has no bottleneck")
+        return self
 
 
 class OptimConfig(_Strict):

@@ -42,6 +42,23 @@ class EnergyNet(nn.Module):
         self.head = nn.Linear(head_in, num_classes)
         self.num_classes = num_classes
 
+    def freeze_bottleneck_affine(self) -> None:
+        """Keep the bottleneck batch norm's affine parameters (scale 1, shift 0) at their
+        initial values: they no longer require gradients, so no optimiser receives them (the
+        authors' code never hands them to its optimiser). Its running statistics still update.
+
+        Raises:
+            ValueError: the network has no bottleneck batch norm.
+        """
+        bns = [m for m in self.bottleneck.modules() if isinstance(m, nn.BatchNorm1d)]
+        if not bns:
+            raise ValueError(
+                "model.freeze_bottleneck_bn_affine needs a bottleneck (bottleneck_dim)"
+            )
+        for bn in bns:
+            for p in bn.parameters():
+                p.requires_grad_(False)
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """The penultimate features (input of the energy head), shape ``(B, D)``."""
         return self.bottleneck(self.backbone(x))

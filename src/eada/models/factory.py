@@ -11,6 +11,16 @@ from eada.models.base import EnergyNet
 
 
 def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> EnergyNet:
+    """An :class:`EnergyNet` for inputs of ``input_shape`` (see :func:`_build`); with
+    ``cfg.freeze_bottleneck_bn_affine`` the bottleneck batch norm's scale and shift stay at
+    their initial values (:meth:`EnergyNet.freeze_bottleneck_affine`, the authors' code)."""
+    net = _build(cfg, input_shape, num_classes)
+    if cfg.freeze_bottleneck_bn_affine:
+        net.freeze_bottleneck_affine()
+    return net
+
+
+def _build(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> EnergyNet:
     """An :class:`EnergyNet` for inputs of ``input_shape`` (without the batch dimension).
 
     * ``linear``: a single fully-connected layer ``E = W x + b`` (the paper's toy model).

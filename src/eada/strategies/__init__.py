@@ -16,6 +16,7 @@ from eada.strategies.base import (
     StrategySpec,
     check_params,
     get_strategy,
+    reference_random_budget,
     resolve_budget,
     top_k_stable,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "check_params",
     "eada_select",
     "get_strategy",
+    "reference_random_budget",
     "resolve_budget",
     "stage_sizes",
     "top_k_stable",

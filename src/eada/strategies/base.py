@@ -278,6 +278,21 @@ def resolve_budget(budget: int | float, n_target: int) -> int:
     return max(1, math.ceil(Fraction(str(budget)) * n_target))
 
 
+def reference_random_budget(share: float, n_target: int) -> int:
+    """The Random baseline's per-round count in the authors' code: Python's ``round`` of the
+    float product ``n_target * share`` (half to even: 2.5 -> 2, 3.5 -> 4), at least 1 (theirs
+    would label nothing below ``n_target * share = 0.5``). Office-31 amazon (2,817) at 1%: 28
+    where :func:`resolve_budget` gives 29.
+
+    Example:
+        >>> reference_random_budget(0.01, 2817), resolve_budget(0.01, 2817)
+        (28, 29)
+    """
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"a budget share must lie in (0, 1], got {share}")
+    return max(1, round(n_target * share))
+
+
 @dataclass(frozen=True)
 class StrategySpec:
     """A registered strategy: its function, what it needs, and where it comes from."""

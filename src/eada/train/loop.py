@@ -48,6 +48,7 @@ from eada.strategies import (
     PoolOutputs,
     Selection,
     get_strategy,
+    reference_random_budget,
     resolve_budget,
     stage_sizes,
 )
@@ -126,8 +127,9 @@ def resolve_device(name: str) -> torch.device:
 
 def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer:
     """Optimiser with two parameter groups: ``model.backbone`` at ``lr * backbone_lr_mult``,
-    everything else (bottleneck, head) at ``lr``. Every trainable parameter is handed over
-    (unlike the reference code, the head's batch-norm affine parameters are trained)."""
+    everything else (bottleneck, head) at ``lr``. Every parameter that requires a gradient is
+    handed over: the bottleneck batch norm's affine parameters too, unless
+    ``model.freeze_bottleneck_bn_affine`` froze them (the authors' code, the paper configs)."""
     backbone = getattr(model, "backbone", None)
     bb_ids = {id(p) for p in backbone.parameters()} if isinstance(backbone, nn.Module) else set()
     bb = [p for p in model.parameters() if id(p) in bb_ids and p.requires_grad]
@@ -444,6 +446,8 @@ class ActiveDATrainer:
         n_target = len(self.task.target)
         budget = resolve_budget(a.budget_per_round, n_target)
         share = a.budget_per_round if isinstance(a.budget_per_round, float) else None
+        if a.strategy == "random" and a.selection_rule == "reference" and share is not None:
+            budget = reference_random_budget(share, n_target)  # the authors' round(N share)
         pool = n_target
         plan = []
         for r, epoch in enumerate(a.rounds_at, start=1):
