@@ -1,8 +1,8 @@
-"""The configs that reproduce the paper's tables follow the authors' code (see
-``../shared/docs/eada-reference.md``, "Checked again"): selection sizes, the tempered free energy
-under the reference rule, steps per epoch and loader restarts, the unlabeled-target view, the
-pinned ResNet-50 weights and fp32. Each is checked on fixed inputs against a re-statement of
-the reference semantics."""
+"""The configs for the paper's tables follow the authors' code (``docs/reference-protocol.md``):
+selection sizes, the tempered free energy under the reference rule, Random's per-round count,
+the frozen bottleneck batch norm, steps per epoch and loader restarts, the unlabeled-target
+view, the pinned ResNet-50 weights and fp32. Each is checked on fixed inputs against a
+re-statement of the reference semantics."""
 
 from __future__ import annotations
 

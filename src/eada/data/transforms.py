@@ -1,6 +1,6 @@
 """Image transforms of the paper's protocol, with the normalisation of each backbone.
 
-The authors' code (see ``../shared/docs/eada-reference.md``) uses three views of an image:
+The authors' code (see ``docs/reference-protocol.md``) uses three views of an image:
 
 * ``train`` (source and labeled target): resize to ``resize x resize`` (256), random crop
   ``crop`` (224), colour jitter ``(0.4, 0.4, 0.4, 0.1)``, no flip;
