@@ -176,10 +176,26 @@ class OtherConfigError(ValueError):
     """A run folder already holds runs of another config (resuming there would mix results)."""
 
 
-#: Keys added to the config schema whose default does NOT reproduce what the code did before
-#: the key existed, with the value that does: a stored config without such a key was run with
-#: that value. (Every other added key defaults to the earlier behaviour.)
-LEGACY_VALUES: dict[str, Any] = {"train.alignment": "paper"}
+#: Keys added to the config schema since the first runs were recorded, with the value the code
+#: ran before the key existed: a stored config without such a key is compared as if it held
+#: that value. (Most defaults reproduce the earlier behaviour; ``train.alignment`` and
+#: ``train.amp`` do not.) A stored config that lacks any OTHER key of the current config is
+#: refused: what it ran cannot be told (e.g. a key removed from a record by hand, or an
+#: ``active.params`` entry it never had).
+LEGACY_VALUES: dict[str, Any] = {
+    "train.alignment": "paper",
+    "train.amp": False,  # added in eabc524: before, no autocast (fp32)
+    "train.forward": "separate",  # 4555a9b: one forward pass per stream before
+    "train.channels_last": False,  # 4555a9b
+    "train.loaders": "continuous",  # b1a37a9
+    "data.transforms.unlabeled_view": "train",  # b1a37a9
+    "data.allow_outside_root": False,  # 2643c25: list paths outside root were refused before
+    "model.backbone": "resnet50",  # eabc524 (image backbones)
+    "model.weights": "pretrained",  # eabc524
+    "model.factory": None,  # eabc524
+    "model.bottleneck_dim": None,  # eabc524: no bottleneck before
+    "model.freeze_backbone": False,  # eabc524
+}
 
 
 def config_differences(
@@ -187,13 +203,19 @@ def config_differences(
 ) -> list[str]:
     """``key: old -> new`` for every key of the resolved configs whose value differs.
 
-    A key added to the config schema since a run was stored does not count, unless it is in
-    :data:`LEGACY_VALUES` and ``current`` differs from the value the run was made with.
+    A key of ``current`` that ``stored`` lacks (added to the config schema since the run was
+    stored) is compared with the value the code ran before it existed
+    (:data:`LEGACY_VALUES`); a missing key not listed there is a difference itself (the
+    value the run was made with is unknown).
 
     >>> config_differences({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}})
     ['b.c: 2 -> 3']
     >>> config_differences({"train": {}}, {"train": {"alignment": "balanced"}})
     ["train.alignment: 'paper' (before the key existed) -> 'balanced'"]
+    >>> config_differences({"train": {}}, {"train": {"forward": "separate"}})
+    []
+    >>> config_differences({"train": {}}, {"train": {"new_key": 1}})
+    ['train.new_key: not in the stored record (made before the key existed?) -> 1']
     """
     out = []
     for k in stored.keys() & current.keys():
@@ -204,10 +226,114 @@ def config_differences(
             out.append(f"{path}: {a!r} -> {b!r}")
     for k in current.keys() - stored.keys():
         path = f"{where}{k}"
-        if path in LEGACY_VALUES and current[k] != LEGACY_VALUES[path]:
-            old = LEGACY_VALUES[path]
-            out.append(f"{path}: {old!r} (before the key existed) -> {current[k]!r}")
+        if path in LEGACY_VALUES:
+            if current[k] != LEGACY_VALUES[path]:
+                old = LEGACY_VALUES[path]
+                out.append(f"{path}: {old!r} (before the key existed) -> {current[k]!r}")
+        elif isinstance(current[k], dict) and not current[k]:
+            continue  # an empty section (e.g. active.params) adds nothing
+        elif isinstance(current[k], dict):
+            out += config_differences({}, current[k], path + ".")
+        else:
+            out.append(
+                f"{path}: not in the stored record (made before the key existed?) -> {current[k]!r}"
+            )
     return sorted(out)
+
+
+def input_differences(stored: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """What differs between the data a run was stored with (its record's ``inputs``, see
+    :func:`eada.data.identity.data_inputs`) and the data at hand: one line an input whose
+    digest differs, appeared or went, naming its path. A record without ``inputs`` (written
+    before runs recorded their data) matches only a config without input files (toy data).
+
+    >>> a = {"target": {"path": "/d/t.npz", "digest": "sha256:aa"}}
+    >>> input_differences(a, a)
+    []
+    >>> input_differences(a, {"target": {"path": "/e/t.npz", "digest": "sha256:bb"}})
+    ['target: /d/t.npz (sha256:aa) -> /e/t.npz (sha256:bb)']
+    >>> input_differences(a, {"target": {"path": "/d/t.npz", "digest": "sha256:bb"}})
+    ['target /d/t.npz: sha256:aa -> sha256:bb (content changed)']
+    >>> input_differences(None, a)
+    ['inputs: not recorded (a run made before runs recorded their data) -> target /d/t.npz']
+    """
+    if stored is None:
+        if not current:
+            return []
+        roles = ", ".join(f"{r} {v['path']}" for r, v in sorted(current.items()))
+        return [f"inputs: not recorded (a run made before runs recorded their data) -> {roles}"]
+    out = []
+    for role in sorted(stored.keys() | current.keys()):
+        a, b = stored.get(role), current.get(role)
+        if a is None or b is None or a.get("digest") != b.get("digest"):
+            if a and b and a["path"] == b["path"]:
+                out.append(f"{role} {a['path']}: {_short(a)} -> {_short(b)} (content changed)")
+                continue
+            was = f"{a['path']} ({_short(a)})" if a else "none"
+            now = f"{b['path']} ({_short(b)})" if b else "none"
+            out.append(f"{role}: {was} -> {now}")
+    return out
+
+
+def _short(entry: dict[str, Any]) -> str:
+    """A digest shortened for a message: ``sha256:`` and 12 hex digits."""
+    kind, _, hexd = str(entry.get("digest", "?:?")).partition(":")
+    return f"{kind}:{hexd[:12]}"
+
+
+def run_meta(env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What made a run, stored in its own record: git commit (and dirty flag), eada version,
+    command and time (``env``: an :func:`environment_info` already taken)."""
+    env = env if env is not None else environment_info()
+    return {k: env.get(k) for k in ("git", "eada", "command", "time_utc")}
+
+
+def describe_reused(records: list[dict[str, Any]]) -> str:
+    """``reused N runs made at T by commit C`` for the stored records a command reuses
+    (times and commits of every distinct maker; ``unknown`` where a record has no ``meta``).
+
+    >>> describe_reused([{"meta": {"time_utc": "2026-01-01T00:00:00+00:00",
+    ...     "git": {"commit": "abcdef0123456", "dirty": False}}}])
+    'reused 1 run made at 2026-01-01T00:00:00+00:00 by commit abcdef012345'
+    """
+    times, commits = [], []
+    for rec in records:
+        meta = rec.get("meta") or {}
+        git = meta.get("git") or rec.get("code", {}).get("git") or {}
+        t = meta.get("time_utc") or rec.get("time_utc") or "an unknown time"
+        c = (git.get("commit") or "unknown")[:12] + (" (dirty)" if git.get("dirty") else "")
+        times.append(t)
+        commits.append(c)
+    n = len(records)
+    when = min(times) if len(set(times)) == 1 else f"{min(times)} .. {max(times)}"
+    who = ", ".join(dict.fromkeys(commits))
+    plural = "s" if len(set(commits)) > 1 else ""
+    return f"reused {n} run{'s' if n != 1 else ''} made at {when} by commit{plural} {who}"
+
+
+class OtherDataError(OtherConfigError):
+    """A run folder holds runs of the same config made on other data (or on data whose
+    identity was not recorded): reusing them would report numbers of other data."""
+
+
+def check_same_data(
+    records: list[dict[str, Any]], current: dict[str, Any], where: Path, fresh: str
+) -> None:
+    """Refuse to reuse stored runs whose input data (``inputs``) differ from ``current``.
+
+    ``fresh`` names the way to start afresh (e.g. ``use another --out``).
+
+    Raises:
+        OtherDataError: naming the folder, the run and every input that differs.
+    """
+    for rec in records:
+        diff = input_differences(rec.get("inputs"), current)
+        if diff:
+            who = rec.get("key") or f"seed {rec.get('seed')}"
+            raise OtherDataError(
+                f"{where} holds a run ({who}) made on other data: {'; '.join(diff[:6])}; "
+                f"its result would be reported for data it never saw: {fresh}"
+            )
 
 
 def check_same_config(records: list[dict[str, Any]], current: dict[str, Any], where: Path) -> None:
