@@ -4,13 +4,17 @@ results, and multi-run jobs append one JSON line per run (DomainBed style)."""
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -92,14 +96,149 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def named(err: OSError, path: Path) -> OSError:
+    """``err`` naming ``path`` when it names no file (a full disk's ``write`` names none)."""
+    if err.filename is not None or err.errno is None:
+        return err
+    return OSError(err.errno, err.strerror or str(err), str(path))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through :func:`tmp_name` (fsynced, then ``os.replace``):
+    ``path`` is the old file or the new one, never a part; a failed write (a full disk) leaves
+    no temporary file and raises an ``OSError`` naming ``path``."""
+    tmp = tmp_name(path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise named(err, path) from None
+        raise
+    return path
+
+
 def write_json(path: Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically (:func:`tmp_name` + rename): a crash never
+    """Write ``obj`` as indented JSON atomically (:func:`write_bytes_atomic`): a crash never
     leaves a half-written file behind, and concurrent writers never a mixed one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_name(path)
-    tmp.write_text(json.dumps(_clean(obj), indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_bytes_atomic(path, (json.dumps(_clean(obj), indent=1) + "\n").encode())
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``False``
+    where the system or file system cannot."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _fsync_tree(folder: Path) -> None:
+    for f in folder.iterdir():
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a folder
+    finally:
+        os.close(fd)
+
+
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Delete the staging folders (``.NAME.PID.tmp`` beside ``out``) that killed processes left;
+    those of a live process stay."""
+    removed: list[Path] = []
+    if not out.parent.is_dir():
+        return removed
+    for d in out.parent.glob(f".{out.name}.*.tmp"):
+        pid = d.name[len(out.name) + 2 : -len(".tmp")]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            d.unlink(missing_ok=True)
+        removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """Build a folder at a temporary name beside ``out`` (same file system: ``.NAME.PID.tmp``)
+    and move it into place when the block ends without an error: ``out`` is the previous
+    folder or the complete new one, never a mix. An existing ``out`` is swapped in one step
+    (``renameat2``; elsewhere: moved aside to ``.NAME.PID.previous``, then removed) and
+    deleted: the caller decides whether it may be replaced. On an error (a full disk) or a
+    kill the staging folder goes (a killed process's at the next call) and ``out`` stays as
+    it was. Errors name the file they concern."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(out)
+    tmp = tmp_name(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+    except OSError as err:
+        raise named(err, tmp) from None
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if out.exists() and _exchange(tmp, out):
+            shutil.rmtree(tmp, ignore_errors=True)  # now the previous folder
+        elif out.exists():
+            aside = out.with_name(f".{out.name}.{os.getpid()}.previous")
+            os.rename(out, aside)
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                os.rename(aside, out)  # the previous folder back in place
+                raise
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise named(err, out) from None
+        raise
 
 
 def append_jsonl(path: Path, obj: Any) -> None:
