@@ -344,7 +344,7 @@ def run_grid(
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
     done = finished_runs(log)
-    inputs: dict[str, dict[str, Any]] = {}  # data identity by data config (hashed once)
+    _INPUTS.clear()  # the data as they are now: hashed once for this grid command
     for run in runs:
         rec = done.get(run.key)
         if rec is None:
@@ -356,11 +356,8 @@ def run_grid(
                     f"{log} holds run {run.key} with another config ({'; '.join(diff[:5])}): "
                     "the grid changed; use another --out or remove that line"
                 )
-        ident = json.dumps([run.config.data.model_dump(mode="json"), run.config.model.weights])
-        if ident not in inputs:
-            inputs[ident] = data_inputs(run.config.data, run.config.model)
         check_same_data(
-            [rec], inputs[ident], log, "use another --out to start afresh (or remove that line)"
+            [rec], grid_inputs(run), log, "use another --out to start afresh (or remove that line)"
         )
     write_json(out / "grid.json", {"runs": [json.loads(r.key) for r in runs]})
     env = environment_info()
@@ -398,6 +395,20 @@ _CACHE = _TaskCache()  # one per process (the grid's worker processes each keep 
 BENCH_FREE_ENERGIES = 200
 
 
+#: the data identity of each data config this process has seen (a grid command computes it once)
+_INPUTS: dict[str, dict[str, Any]] = {}
+
+
+def grid_inputs(run: GridRun) -> dict[str, Any]:
+    """:func:`eada.data.identity.data_inputs` of a run's data, once per data config within one
+    :func:`run_grid` call and process (a grid of many runs over one image folder stats its
+    images once)."""
+    ident = json.dumps([run.config.data.model_dump(mode="json"), run.config.model.weights])
+    if ident not in _INPUTS:
+        _INPUTS[ident] = data_inputs(run.config.data, run.config.model)
+    return _INPUTS[ident]
+
+
 def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, Any]:
     """Train one grid cell and append its record to ``log`` (safe for concurrent writers)."""
     from eada.experiment import run_once
@@ -406,7 +417,7 @@ def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, 
     cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
     stats = DomainStatsRecorder(n_free_energy=BENCH_FREE_ENERGIES, seed=run.seed)
     cbs = [*(cbs or []), stats]  # compact domain statistics for the report (histograms, toy)
-    inputs = data_inputs(run.config.data, run.config.model)  # hashed once a process
+    inputs = grid_inputs(run)
     result = run_once(run.config, _CACHE.get(run.config), callbacks=cbs, record_stats=False)
     result["results"]["domain_stats"] = stats.data
     rec = run_record(run, result, code)
