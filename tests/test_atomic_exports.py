@@ -243,6 +243,43 @@ def test_killed_export_leaves_the_previous_one_whole(
     assert not list(tmp_path.glob(".out.*"))
 
 
+def test_killed_report_leaves_the_previous_page(
+    template: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """SIGKILL at 6 random moments of `eada report` on a project: ``report.html`` is the
+    previous page or the new one, whole; the next report removes a killed one's temporary
+    file."""
+    from eada.reports.project import build_project_report
+
+    folder = _fresh(template, tmp_path / "p")
+    page = build_project_report(folder)
+    old = page.read_bytes()
+    t0 = time.monotonic()
+    build_project_report(folder, tmp_path / "timing.html")
+    took = time.monotonic() - t0
+    rng = random.Random(1)
+    for _ in range(6):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                build_project_report(folder)
+                code = 0
+            finally:
+                os._exit(code)
+        time.sleep(rng.random() * took * 1.2)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        now = page.read_bytes()
+        assert now == old or (now.endswith(b"</html>\n") and len(now) > len(old) // 2)
+        old = now
+    build_project_report(folder)
+    assert not list(folder.glob(".report.html.*"))
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 2 MB tmpfs (a disk that fills up); skipped where mounting is not permitted."""

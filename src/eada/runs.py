@@ -106,7 +106,9 @@ def named(err: OSError, path: Path) -> OSError:
 def write_bytes_atomic(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through :func:`tmp_name` (fsynced, then ``os.replace``):
     ``path`` is the old file or the new one, never a part; a failed write (a full disk) leaves
-    no temporary file and raises an ``OSError`` naming ``path``."""
+    no temporary file and raises an ``OSError`` naming ``path``. The temporary files of
+    killed writers of ``path`` are removed first (:func:`remove_stale_staging`)."""
+    remove_stale_staging(path)
     tmp = tmp_name(path)
     try:
         with open(tmp, "wb") as fh:
@@ -172,12 +174,14 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def remove_stale_staging(out: Path) -> list[Path]:
-    """Delete the staging folders (``.NAME.PID.tmp`` beside ``out``) that killed processes left;
-    those of a live process stay."""
+    """Delete the temporary files and staging folders of ``out`` (``.NAME.PID.tmp`` beside it)
+    that killed processes left; those of a live process stay."""
     removed: list[Path] = []
     if not out.parent.is_dir():
         return removed
-    for d in out.parent.glob(f".{out.name}.*.tmp"):
+    import glob
+
+    for d in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):
         pid = d.name[len(out.name) + 2 : -len(".tmp")]
         if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
             continue
