@@ -27,8 +27,9 @@ from eada.reports.tables import markdown_table, mean_std
 from eada.runs import environment_info, parse_seeds, write_json
 
 TASKS = ("mnist-usps", "usps-mnist", "mnist-mnistm")
-# the methods whose runs are committed under benchmarks/results/digits (a re-run resumes them
-# and trains nothing); Source-only on digits: the `eada bench` grid (BENCHMARKS.md), or
+# the methods whose runs are committed under benchmarks/results/digits (their records predate
+# the data digests: a re-run into that folder is refused, use another --out); Source-only on
+# digits: the `eada bench` grid (BENCHMARKS.md), or
 # --methods source_only,random,eada here
 METHODS = ("random", "eada")
 

@@ -117,8 +117,8 @@ def test_target_supervised_trains_on_every_target_label(tmp_path: Path) -> None:
     runs = bench.build_grid(["toy"], ["target_supervised"], [0], TINY)
     (rec,) = bench.run_grid(runs, tmp_path)
     assert rec["n_labeled"] == 120 and rec["strategy"] is None
-    # every line names the code that produced it (a resumed grid may span several commits)
-    assert set(rec["code"]) == {"git", "eada", "torch", "numpy"}
+    # every line names the code and command that produced it (a resumed grid may span commits)
+    assert set(rec["code"]) == {"git", "eada", "torch", "numpy", "command"}
     assert rec["code"]["torch"] == torch.__version__
     assert rec["warnings"] == []
     assert [e["epoch"] for e in rec["epochs"]] == [1, 2]  # TINY: train.epochs=2

@@ -36,8 +36,8 @@ NOT_RUN: dict[str, str] = {
     "eada report runs/toy": "needs the trained run of the line before it (dry-run here)",
     "eada demo --out runs/demo && eada report runs/demo": "make demo runs eada demo; "
     "tests/test_reports.py reports a demo folder",
-    "python benchmarks/digits.py --seeds 0-2": "a benchmark; tested below: it trains nothing "
-    "when the committed results are there",
+    "python benchmarks/digits.py --seeds 0-2 --out runs/digits": "a benchmark (hours); tested "
+    "below: the committed results predate the data digests and are refused, not reused",
     "eada data features configs/office31_amazon_subset_webcam_lite0_frozen.yaml --out "
     "feats/office.npz": "minutes of extraction; tests/test_export.py runs it on a subset",
     "eada run feats/office.yaml --seeds 0-2": "needs the files of the line before it "
@@ -149,11 +149,15 @@ def test_doc_commands_run_as_written(doc: str, workdir: Path) -> None:
     assert ran
 
 
-def test_digits_benchmark_trains_nothing_with_the_committed_results(
+def test_digits_benchmark_refuses_committed_runs_without_a_data_digest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``python benchmarks/digits.py --seeds 0-2`` (README) resumes every committed run."""
+    """``python benchmarks/digits.py --seeds 0-2`` on the committed results: their records
+    predate the data digests (and ``train.amp``), so what they ran on cannot be told; they are
+    refused (not silently reused, not re-trained), naming the way to start afresh."""
     import importlib.util
+
+    from eada.runs import OtherConfigError
 
     if not (SHARED / "data" / "digits").is_dir():
         pytest.skip("needs ../shared/data/digits")
@@ -170,4 +174,6 @@ def test_digits_benchmark_trains_nothing_with_the_committed_results(
 
     monkeypatch.setattr(eada.experiment, "run_once", no_training)
     monkeypatch.chdir(REPO)
-    assert mod.main(["--seeds", "0-2", "--out", str(out)]) == 0
+    # (these records also predate train.amp: the code ran fp32 then, the default is now True)
+    with pytest.raises(OtherConfigError, match=r"train\.amp: False .*another --out"):
+        mod.main(["--seeds", "0-2", "--out", str(out)])

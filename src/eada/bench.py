@@ -48,11 +48,15 @@ import numpy as np
 import torch
 
 from eada.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_config
+from eada.data.identity import data_inputs
 from eada.hparams import REFERENCE_METHODS, method_label, variant_label
 from eada.reports.tables import render_table as _render
 from eada.runs import (
+    OtherConfigError,
     append_jsonl,
+    check_same_data,
     config_differences,
+    describe_reused,
     environment_info,
     parse_seeds,
     read_jsonl,
@@ -328,27 +332,41 @@ def run_grid(
             of the lines is that of completion).
         threads: thread count of each worker process (only with ``jobs > 1``).
 
+    A stored line is reused only for the same config and the same data (its ``inputs``, see
+    :func:`eada.data.identity.data_inputs`); ``progress`` is told "reused N runs made at ...
+    by commit ...", and the lines keep their own ``code`` (commit, command) and time.
+
     Raises:
-        ValueError: a record in ``runs.jsonl`` has the same key but another config.
+        OtherConfigError: a record in ``runs.jsonl`` has the same key but another config.
+        OtherDataError: a record in ``runs.jsonl`` was made on other data (or before runs
+            recorded their data, on data held in files).
     """
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
     done = finished_runs(log)
+    _INPUTS.clear()  # the data as they are now: hashed once for this grid command
     for run in runs:
         rec = done.get(run.key)
-        if rec is None or rec["config_sha"] == run.config_sha:
+        if rec is None:
             continue
-        diff = config_differences(rec.get("config", {}), run.config.resolved())
-        if diff:
-            raise ValueError(
-                f"{log} holds run {run.key} with another config ({'; '.join(diff[:5])}): the "
-                "grid changed; use another --out or remove that line"
-            )
+        if rec["config_sha"] != run.config_sha:
+            diff = config_differences(rec.get("config", {}), run.config.resolved())
+            if diff:
+                raise OtherConfigError(
+                    f"{log} holds run {run.key} with another config ({'; '.join(diff[:5])}): "
+                    "the grid changed; use another --out or remove that line"
+                )
+        check_same_data(
+            [rec], grid_inputs(run), log, "use another --out to start afresh (or remove that line)"
+        )
     write_json(out / "grid.json", {"runs": [json.loads(r.key) for r in runs]})
     env = environment_info()
     if not (out / "meta.json").exists():
         write_json(out / "meta.json", env)
-    code = {k: env[k] for k in ("git", "eada", "torch", "numpy")}
+    code = {k: env[k] for k in ("git", "eada", "torch", "numpy", "command")}
+    reused = [done[r.key] for r in runs if r.key in done]
+    if reused and progress:  # stored lines keep their own code, command and time
+        progress(f"{describe_reused(reused)} ({log})")
     todo = [r for r in runs if r.key not in done]
     if max_runs is not None:
         todo = todo[: max(0, max_runs)]
@@ -377,6 +395,20 @@ _CACHE = _TaskCache()  # one per process (the grid's worker processes each keep 
 BENCH_FREE_ENERGIES = 200
 
 
+#: the data identity of each data config this process has seen (a grid command computes it once)
+_INPUTS: dict[str, dict[str, Any]] = {}
+
+
+def grid_inputs(run: GridRun) -> dict[str, Any]:
+    """:func:`eada.data.identity.data_inputs` of a run's data, once per data config within one
+    :func:`run_grid` call and process (a grid of many runs over one image folder stats its
+    images once)."""
+    ident = json.dumps([run.config.data.model_dump(mode="json"), run.config.model.weights])
+    if ident not in _INPUTS:
+        _INPUTS[ident] = data_inputs(run.config.data, run.config.model)
+    return _INPUTS[ident]
+
+
 def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, Any]:
     """Train one grid cell and append its record to ``log`` (safe for concurrent writers)."""
     from eada.experiment import run_once
@@ -385,9 +417,11 @@ def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, 
     cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
     stats = DomainStatsRecorder(n_free_energy=BENCH_FREE_ENERGIES, seed=run.seed)
     cbs = [*(cbs or []), stats]  # compact domain statistics for the report (histograms, toy)
+    inputs = grid_inputs(run)
     result = run_once(run.config, _CACHE.get(run.config), callbacks=cbs, record_stats=False)
     result["results"]["domain_stats"] = stats.data
     rec = run_record(run, result, code)
+    rec["inputs"] = inputs
     append_jsonl(log, rec)
     return rec
 

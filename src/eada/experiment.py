@@ -11,20 +11,25 @@ Layout of a multi-seed output folder::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from eada.config import ExperimentConfig
+from eada.data.identity import data_inputs
 from eada.data.tasks import Task, load_task
 from eada.distributed import broadcast_object, rank_world
 from eada.runs import (
     OtherConfigError,
     append_jsonl,
     check_same_config,
+    check_same_data,
     collect_warnings,
+    describe_reused,
     environment_info,
     read_jsonl,
+    run_meta,
     summarize,
     write_json,
 )
@@ -128,7 +133,12 @@ def run_seeds(
     """Run ``make_config(seed)`` for every seed, appending each finished run to
     ``runs.jsonl``; seeds already there are not run again (resume after an interruption).
     A folder whose runs were made with another config (any key but the seed) is refused with
-    :class:`~eada.runs.OtherConfigError` before any work, so results are never mixed.
+    :class:`~eada.runs.OtherConfigError` before any work, so results are never mixed; one
+    whose runs were made on other data (the digests of :func:`eada.data.identity.data_inputs`
+    differ, or were not recorded) with :class:`~eada.runs.OtherDataError`. Each new record
+    carries its ``inputs`` and its own ``meta`` (commit, command, time); reused runs keep
+    theirs, ``progress`` is told "reused N runs made at ... by commit ...", and ``meta.json``
+    and ``results.json`` are rewritten only when something was trained.
     ``make_callbacks(seed)`` gives each run its trainer callbacks (progress bars, TensorBoard).
 
     Under ``torchrun`` every rank trains; rank 0 alone decides which seeds remain, writes the
@@ -138,22 +148,32 @@ def run_seeds(
     log = out_dir / "runs.jsonl"
     done: dict[int, Any] = {}
     problem = None
+    inputs: dict[str, Any] = {}
     if rank == 0:  # under torchrun only rank 0 reads and writes the records
         records = read_jsonl(log)
+        first = configs[seeds[0]]
         try:
-            check_same_config(records, configs[seeds[0]].resolved(), out_dir)
+            check_same_config(records, first.resolved(), out_dir)
+            inputs = data_inputs(first.data, first.model)  # the data's identity, hashed once
+            check_same_data(records, inputs, out_dir, _FRESH)
         except OtherConfigError as err:
             problem = str(err)
     problem = broadcast_object(problem)  # every rank stops together
     if problem is not None:
         raise OtherConfigError(problem)
+    meta: dict[str, Any] = {}
     if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json(out_dir / "config.json", configs[seeds[0]].resolved())
-        meta = {**environment_info(), "world_size": world}
-        write_json(out_dir / "meta.json", meta)
         done = {r["seed"]: r for r in records}
     todo = broadcast_object([s for s in seeds if s not in done])
+    if rank == 0:
+        reused = [done[s] for s in seeds if s in done]
+        if reused and progress:  # stored runs keep their own meta (commit, command, time)
+            progress(f"{describe_reused(reused)} ({log})")
+        if todo:  # the folder's meta describes the last command that trained in it
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_json(out_dir / "config.json", configs[seeds[0]].resolved())
+            meta = {**environment_info(), "world_size": world}
+            write_json(out_dir / "meta.json", meta)
     for seed in todo:
         if progress and rank == 0:
             progress(f"seed {seed}")
@@ -165,6 +185,8 @@ def run_seeds(
             record_stats=rank == 0,
         )
         if rank == 0:
+            run["inputs"] = inputs
+            run["meta"] = run_meta(meta)
             append_jsonl(log, run)
         done[seed] = run
     if rank != 0:
@@ -177,5 +199,18 @@ def run_seeds(
         "strategy": configs[seeds[0]].active.strategy,
         **summarize_runs(runs),
     }
-    write_json(out_dir / "results.json", summary)
+    results = out_dir / "results.json"
+    if todo or not results.exists() or _read_json(results) != json.loads(json.dumps(summary)):
+        write_json(results, summary)  # (unchanged when every run was reused)
     return summary
+
+
+#: how to start afresh where stored runs were made on other data
+_FRESH = "use another --out to start afresh (or remove that folder)"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -4,13 +4,17 @@ results, and multi-run jobs append one JSON line per run (DomainBed style)."""
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -92,14 +96,153 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def named(err: OSError, path: Path) -> OSError:
+    """``err`` naming ``path`` when it names no file (a full disk's ``write`` names none)."""
+    if err.filename is not None or err.errno is None:
+        return err
+    return OSError(err.errno, err.strerror or str(err), str(path))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through :func:`tmp_name` (fsynced, then ``os.replace``):
+    ``path`` is the old file or the new one, never a part; a failed write (a full disk) leaves
+    no temporary file and raises an ``OSError`` naming ``path``. The temporary files of
+    killed writers of ``path`` are removed first (:func:`remove_stale_staging`)."""
+    remove_stale_staging(path)
+    tmp = tmp_name(path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise named(err, path) from None
+        raise
+    return path
+
+
 def write_json(path: Path, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON atomically (:func:`tmp_name` + rename): a crash never
+    """Write ``obj`` as indented JSON atomically (:func:`write_bytes_atomic`): a crash never
     leaves a half-written file behind, and concurrent writers never a mixed one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_name(path)
-    tmp.write_text(json.dumps(_clean(obj), indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_bytes_atomic(path, (json.dumps(_clean(obj), indent=1) + "\n").encode())
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``False``
+    where the system or file system cannot."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _fsync_tree(folder: Path) -> None:
+    for f in folder.iterdir():
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems cannot fsync a folder
+    finally:
+        os.close(fd)
+
+
+def remove_stale_staging(out: Path) -> list[Path]:
+    """Delete the temporary files and staging folders of ``out`` (``.NAME.PID.tmp`` beside it)
+    that killed processes left; those of a live process stay."""
+    removed: list[Path] = []
+    if not out.parent.is_dir():
+        return removed
+    import glob
+
+    for d in out.parent.glob(f".{glob.escape(out.name)}.*.tmp"):
+        pid = d.name[len(out.name) + 2 : -len(".tmp")]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
+        else:
+            d.unlink(missing_ok=True)
+        removed.append(d)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def staged_folder(out: Path) -> Iterator[Path]:
+    """Build a folder at a temporary name beside ``out`` (same file system: ``.NAME.PID.tmp``)
+    and move it into place when the block ends without an error: ``out`` is the previous
+    folder or the complete new one, never a mix. An existing ``out`` is swapped in one step
+    (``renameat2``; elsewhere: moved aside to ``.NAME.PID.previous``, then removed) and
+    deleted: the caller decides whether it may be replaced. On an error (a full disk) or a
+    kill the staging folder goes (a killed process's at the next call) and ``out`` stays as
+    it was. Errors name the file they concern."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(out)
+    tmp = tmp_name(out)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir()
+    except OSError as err:
+        raise named(err, tmp) from None
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if out.exists() and _exchange(tmp, out):
+            shutil.rmtree(tmp, ignore_errors=True)  # now the previous folder
+        elif out.exists():
+            aside = out.with_name(f".{out.name}.{os.getpid()}.previous")
+            os.rename(out, aside)
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                os.rename(aside, out)  # the previous folder back in place
+                raise
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise named(err, out) from None
+        raise
 
 
 def append_jsonl(path: Path, obj: Any) -> None:
@@ -176,10 +319,26 @@ class OtherConfigError(ValueError):
     """A run folder already holds runs of another config (resuming there would mix results)."""
 
 
-#: Keys added to the config schema whose default does NOT reproduce what the code did before
-#: the key existed, with the value that does: a stored config without such a key was run with
-#: that value. (Every other added key defaults to the earlier behaviour.)
-LEGACY_VALUES: dict[str, Any] = {"train.alignment": "paper"}
+#: Keys added to the config schema since the first runs were recorded, with the value the code
+#: ran before the key existed: a stored config without such a key is compared as if it held
+#: that value. (Most defaults reproduce the earlier behaviour; ``train.alignment`` and
+#: ``train.amp`` do not.) A stored config that lacks any OTHER key of the current config is
+#: refused: what it ran cannot be told (e.g. a key removed from a record by hand, or an
+#: ``active.params`` entry it never had).
+LEGACY_VALUES: dict[str, Any] = {
+    "train.alignment": "paper",
+    "train.amp": False,  # added in eabc524: before, no autocast (fp32)
+    "train.forward": "separate",  # 4555a9b: one forward pass per stream before
+    "train.channels_last": False,  # 4555a9b
+    "train.loaders": "continuous",  # b1a37a9
+    "data.transforms.unlabeled_view": "train",  # b1a37a9
+    "data.allow_outside_root": False,  # 2643c25: list paths outside root were refused before
+    "model.backbone": "resnet50",  # eabc524 (image backbones)
+    "model.weights": "pretrained",  # eabc524
+    "model.factory": None,  # eabc524
+    "model.bottleneck_dim": None,  # eabc524: no bottleneck before
+    "model.freeze_backbone": False,  # eabc524
+}
 
 
 def config_differences(
@@ -187,13 +346,19 @@ def config_differences(
 ) -> list[str]:
     """``key: old -> new`` for every key of the resolved configs whose value differs.
 
-    A key added to the config schema since a run was stored does not count, unless it is in
-    :data:`LEGACY_VALUES` and ``current`` differs from the value the run was made with.
+    A key of ``current`` that ``stored`` lacks (added to the config schema since the run was
+    stored) is compared with the value the code ran before it existed
+    (:data:`LEGACY_VALUES`); a missing key not listed there is a difference itself (the
+    value the run was made with is unknown).
 
     >>> config_differences({"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}})
     ['b.c: 2 -> 3']
     >>> config_differences({"train": {}}, {"train": {"alignment": "balanced"}})
     ["train.alignment: 'paper' (before the key existed) -> 'balanced'"]
+    >>> config_differences({"train": {}}, {"train": {"forward": "separate"}})
+    []
+    >>> config_differences({"train": {}}, {"train": {"new_key": 1}})
+    ['train.new_key: not in the stored record (made before the key existed?) -> 1']
     """
     out = []
     for k in stored.keys() & current.keys():
@@ -204,10 +369,114 @@ def config_differences(
             out.append(f"{path}: {a!r} -> {b!r}")
     for k in current.keys() - stored.keys():
         path = f"{where}{k}"
-        if path in LEGACY_VALUES and current[k] != LEGACY_VALUES[path]:
-            old = LEGACY_VALUES[path]
-            out.append(f"{path}: {old!r} (before the key existed) -> {current[k]!r}")
+        if path in LEGACY_VALUES:
+            if current[k] != LEGACY_VALUES[path]:
+                old = LEGACY_VALUES[path]
+                out.append(f"{path}: {old!r} (before the key existed) -> {current[k]!r}")
+        elif isinstance(current[k], dict) and not current[k]:
+            continue  # an empty section (e.g. active.params) adds nothing
+        elif isinstance(current[k], dict):
+            out += config_differences({}, current[k], path + ".")
+        else:
+            out.append(
+                f"{path}: not in the stored record (made before the key existed?) -> {current[k]!r}"
+            )
     return sorted(out)
+
+
+def input_differences(stored: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """What differs between the data a run was stored with (its record's ``inputs``, see
+    :func:`eada.data.identity.data_inputs`) and the data at hand: one line an input whose
+    digest differs, appeared or went, naming its path. A record without ``inputs`` (written
+    before runs recorded their data) matches only a config without input files (toy data).
+
+    >>> a = {"target": {"path": "/d/t.npz", "digest": "sha256:aa"}}
+    >>> input_differences(a, a)
+    []
+    >>> input_differences(a, {"target": {"path": "/e/t.npz", "digest": "sha256:bb"}})
+    ['target: /d/t.npz (sha256:aa) -> /e/t.npz (sha256:bb)']
+    >>> input_differences(a, {"target": {"path": "/d/t.npz", "digest": "sha256:bb"}})
+    ['target /d/t.npz: sha256:aa -> sha256:bb (content changed)']
+    >>> input_differences(None, a)
+    ['inputs: not recorded (a run made before runs recorded their data) -> target /d/t.npz']
+    """
+    if stored is None:
+        if not current:
+            return []
+        roles = ", ".join(f"{r} {v['path']}" for r, v in sorted(current.items()))
+        return [f"inputs: not recorded (a run made before runs recorded their data) -> {roles}"]
+    out = []
+    for role in sorted(stored.keys() | current.keys()):
+        a, b = stored.get(role), current.get(role)
+        if a is None or b is None or a.get("digest") != b.get("digest"):
+            if a and b and a["path"] == b["path"]:
+                out.append(f"{role} {a['path']}: {_short(a)} -> {_short(b)} (content changed)")
+                continue
+            was = f"{a['path']} ({_short(a)})" if a else "none"
+            now = f"{b['path']} ({_short(b)})" if b else "none"
+            out.append(f"{role}: {was} -> {now}")
+    return out
+
+
+def _short(entry: dict[str, Any]) -> str:
+    """A digest shortened for a message: ``sha256:`` and 12 hex digits."""
+    kind, _, hexd = str(entry.get("digest", "?:?")).partition(":")
+    return f"{kind}:{hexd[:12]}"
+
+
+def run_meta(env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What made a run, stored in its own record: git commit (and dirty flag), eada version,
+    command and time (``env``: an :func:`environment_info` already taken)."""
+    env = env if env is not None else environment_info()
+    return {k: env.get(k) for k in ("git", "eada", "command", "time_utc")}
+
+
+def describe_reused(records: list[dict[str, Any]]) -> str:
+    """``reused N runs made at T by commit C`` for the stored records a command reuses
+    (times and commits of every distinct maker; ``unknown`` where a record has no ``meta``).
+
+    >>> describe_reused([{"meta": {"time_utc": "2026-01-01T00:00:00+00:00",
+    ...     "git": {"commit": "abcdef0123456", "dirty": False}}}])
+    'reused 1 run made at 2026-01-01T00:00:00+00:00 by commit abcdef012345'
+    """
+    times, commits = [], []
+    for rec in records:
+        meta = rec.get("meta") or {}
+        git = meta.get("git") or rec.get("code", {}).get("git") or {}
+        t = meta.get("time_utc") or rec.get("time_utc") or "an unknown time"
+        c = (git.get("commit") or "unknown")[:12] + (" (dirty)" if git.get("dirty") else "")
+        times.append(t)
+        commits.append(c)
+    n = len(records)
+    when = min(times) if len(set(times)) == 1 else f"{min(times)} .. {max(times)}"
+    who = ", ".join(dict.fromkeys(commits))
+    plural = "s" if len(set(commits)) > 1 else ""
+    return f"reused {n} run{'s' if n != 1 else ''} made at {when} by commit{plural} {who}"
+
+
+class OtherDataError(OtherConfigError):
+    """A run folder holds runs of the same config made on other data (or on data whose
+    identity was not recorded): reusing them would report numbers of other data."""
+
+
+def check_same_data(
+    records: list[dict[str, Any]], current: dict[str, Any], where: Path, fresh: str
+) -> None:
+    """Refuse to reuse stored runs whose input data (``inputs``) differ from ``current``.
+
+    ``fresh`` names the way to start afresh (e.g. ``use another --out``).
+
+    Raises:
+        OtherDataError: naming the folder, the run and every input that differs.
+    """
+    for rec in records:
+        diff = input_differences(rec.get("inputs"), current)
+        if diff:
+            who = rec.get("key") or f"seed {rec.get('seed')}"
+            raise OtherDataError(
+                f"{where} holds a run ({who}) made on other data: {'; '.join(diff[:6])}; "
+                f"its result would be reported for data it never saw: {fresh}"
+            )
 
 
 def check_same_config(records: list[dict[str, Any]], current: dict[str, Any], where: Path) -> None:

@@ -28,6 +28,8 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from eada.runs import write_bytes_atomic
+
 if TYPE_CHECKING:
     from eada.data.base import Task
 
@@ -104,8 +106,9 @@ def save_figure(fig: Figure, *paths: Path) -> list[Path]:
     for p in paths:
         p = Path(p)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(p, dpi=110, bbox_inches="tight")
-        out.append(p)
+        buf = io.BytesIO()  # rendered first, then written whole (a full disk: no partial file)
+        fig.savefig(buf, format=p.suffix.lstrip(".").lower() or "png", dpi=110, bbox_inches="tight")
+        out.append(write_bytes_atomic(p, buf.getvalue()))
     return out
 
 

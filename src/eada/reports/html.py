@@ -44,6 +44,7 @@ from eada.reports.figures_runs import (
     plot_toy_rounds,
     save_figure,
 )
+from eada.runs import write_bytes_atomic
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;
@@ -592,7 +593,9 @@ def build_report(
 
 
 def write_html(out: Path, title: str, parts: list[str]) -> Path:
-    """Write one self-contained page (the report CSS inline) of ``parts`` to ``out``."""
+    """Write one self-contained page (the report CSS inline) of ``parts`` to ``out``
+    atomically (:func:`eada.runs.write_bytes_atomic`): a failed write (a full disk) leaves the
+    previous page and no partial file, and its error names ``out``."""
     doc = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -601,5 +604,4 @@ def write_html(out: Path, title: str, parts: list[str]) -> Path:
         + "</body></html>\n"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(doc, encoding="utf-8")
-    return out
+    return write_bytes_atomic(out, doc.encode("utf-8"))  # whole or not at all; errors name out

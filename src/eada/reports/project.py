@@ -131,10 +131,23 @@ def counts_of(row: Any) -> list[int]:
 
 def build_project_report(folder: Path, out: Path | None = None, per_round: int = 8) -> Path:
     """Write the HTML report of the project store at ``folder`` (default
-    ``folder/report.html``) and return its path."""
+    ``folder/report.html``) and return its path. Everything is read in one read transaction
+    (:meth:`eada.store.db.Store.snapshot`) and the page is written atomically: a killed or
+    failed report (a full disk) leaves the previous page whole, and its error names ``out``."""
     from eada.store import Project
 
     project = Project(folder)
+    try:
+        with project.store.snapshot():  # one read transaction: every section agrees
+            parts, name = _project_parts(project, folder, per_round)
+    finally:
+        project.close()
+    out = Path(out) if out is not None else Path(folder) / "report.html"
+    return write_html(out, f"eada project {name}", parts)  # atomic; errors name out
+
+
+def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str], str]:
+    """The sections of a project's report (read inside the caller's read transaction)."""
     figs = _Figures(None)
     st = project.status()
     acc = st["accuracy"]
@@ -218,7 +231,4 @@ def build_project_report(folder: Path, out: Path | None = None, per_round: int =
     parts.append(_queried_grid(project, figs, per_round) or "<p>No round queried yet.</p>")
     config = json.dumps(project.store.get_json("config"), indent=1)
     parts.append(f"<details><summary>config</summary><pre>{_e(config)}</pre></details>")
-    out = Path(out) if out is not None else Path(folder) / "report.html"
-    write_html(out, f"eada project {name}", parts)
-    project.close()
-    return out
+    return parts, name

@@ -7,7 +7,7 @@ eada query --store DIR [--budget N]            score the pool, select, export CS
 eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried]
 eada train --store DIR [--epochs N] [--simulate]
 eada status --store DIR [--json]
-eada export --store DIR --out DIR              labels (CSV) and the final model (weights + JSON)
+eada export --store DIR --out DIR [--force]    labels (CSV) and the final model (weights + JSON)
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    files = _project(args).export(args.out)
+    files = _project(args).export(args.out, force=args.force)
     for k, v in files.items():
         console.print(f"{k:<20} {v}")
     return 0
@@ -267,4 +267,9 @@ def add_store_commands(sub: Any) -> None:
     p = sub.add_parser("export", help="export labels (CSV) and the final model")
     store_arg(p)
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the export already in --out (a folder holding other files is never replaced)",
+    )
     p.set_defaults(func=_cmd_export)

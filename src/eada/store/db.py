@@ -357,6 +357,23 @@ class Store:
                     raise mapped from err
             raise
 
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction: every query in the block sees the store as it was at its
+        first read, whatever other processes commit meanwhile (WAL readers are not blocked
+        and do not block writers). Exports and reports read through it, so their files agree
+        with each other."""
+        if self.conn.in_transaction:  # already inside one (a write transaction): the same view
+            yield self.conn
+            return
+        self.conn.execute("BEGIN DEFERRED")
+        try:
+            self.conn.execute("SELECT 1 FROM meta LIMIT 1").fetchone()  # the snapshot starts
+            yield self.conn
+        finally:
+            if self.conn.in_transaction:
+                self.conn.execute("COMMIT")
+
     def check_writable(self) -> None:
         """Raise :class:`StoreError` when this process may not write the store."""
         if self.readonly:

@@ -63,15 +63,21 @@ def final_predictions(project: Any, model_state: dict[str, Any]) -> list[dict[st
     return rows
 
 
-def write_predictions(project: Any, model_state: dict[str, Any], out: Path) -> Path:
-    """``out/predictions.csv`` (:data:`PREDICTION_COLUMNS`; text cells spreadsheet-safe)."""
+def predictions_csv(project: Any, model_state: dict[str, Any]) -> str:
+    """The text of ``predictions.csv`` (:data:`PREDICTION_COLUMNS`; text cells
+    spreadsheet-safe)."""
     buf = io.StringIO(newline="")
     w = csv.DictWriter(buf, fieldnames=PREDICTION_COLUMNS, lineterminator="\n")
     w.writeheader()
     for r in final_predictions(project, model_state):
         w.writerow({k: "" if v is None else csv_safe(v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def write_predictions(project: Any, model_state: dict[str, Any], out: Path) -> Path:
+    """``out/predictions.csv`` (:func:`predictions_csv`), written atomically."""
     path = out / "predictions.csv"
-    write_atomic(path, buf.getvalue())
+    write_atomic(path, predictions_csv(project, model_state))
     return path
 
 
@@ -84,3 +90,62 @@ def model_meta(project: Any) -> dict[str, Any]:
         "target_labeled": project.target_labeled,
         "head_only": bool(frozen),
     }
+
+
+#: the files ``eada export`` writes; a folder holding only these (or nothing) is an export that
+#: ``--force`` may replace
+EXPORT_FILES = frozenset(
+    {"labels.csv", "labels_history.csv", "model.pt", "model.json", "predictions.csv"}
+)
+
+
+def check_export_target(out: Path, force: bool) -> None:
+    """Refuse an ``--out`` that would lose data: an existing file; a folder holding files that
+    are not an export's (even with ``force``); a folder holding an export, unless ``force``.
+
+    Raises:
+        StoreError: naming ``out`` and what it holds.
+    """
+    from eada.store.base import StoreError
+
+    if out.exists() and not out.is_dir():
+        raise StoreError(f"--out {out} is an existing file; give a folder to export into")
+    if not out.is_dir():
+        return
+    held = sorted(p.name for p in out.iterdir())
+    if not held:
+        return
+    foreign = [n for n in held if n not in EXPORT_FILES]
+    shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
+    if foreign:
+        raise StoreError(
+            f"--out {out} holds files that are not part of an eada export ({shown}): it is not "
+            "replaced, even with --force; give another --out"
+        )
+    if not force:
+        raise StoreError(
+            f"--out {out} already holds an export ({shown}): give --force to replace it, or "
+            "another --out"
+        )
+
+
+def write_export(out: Path, files: dict[str, bytes]) -> dict[str, str]:
+    """Write an export's ``files`` (name -> bytes) into a staging folder beside ``out`` and move
+    it into place (:func:`eada.runs.staged_folder`): ``out`` is the previous export or the new
+    one, whole. Returns the final path of each file.
+
+    Raises:
+        OSError: a write failed (a full disk), naming the file in ``out``; ``out`` unchanged.
+    """
+    from eada.runs import named, staged_folder
+    from eada.store.checkpoints import crash_point
+
+    with staged_folder(out) as tmp:
+        for name, data in files.items():
+            try:
+                (tmp / name).write_bytes(data)
+            except OSError as err:
+                raise named(OSError(err.errno, err.strerror), out / name) from None
+            crash_point(f"export:{name}")
+        crash_point("export:staged")
+    return {name: str(out / name) for name in files}

@@ -6,14 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 from xml.sax.saxutils import quoteattr
 
-from eada.runs import tmp_name
+from eada.runs import write_bytes_atomic
 
 LS_FROM_NAME = "label"  # the <Choices name=...> of the Label Studio config we write
 LS_LOCAL_PREFIX = "/data/local-files/?d="
@@ -49,17 +48,9 @@ class LabelItem:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (never partial;
-    a failed write, e.g. a full disk, leaves ``path`` as it was and no temporary file)."""
-    tmp = tmp_name(path)
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    a failed write, e.g. a full disk, leaves ``path`` as it was and no temporary file, and
+    its error names ``path``): :func:`eada.runs.write_bytes_atomic`."""
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def csv_safe(value: Any) -> Any:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch  # noqa: F401  (eada.store.project.torch: the disk-full test patches torch.save)
+import torch
 
 from eada.config import ExperimentConfig
 from eada.store.checkpoints import crash_point, save_atomic
@@ -40,8 +40,8 @@ from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import StoreOptions, absolute_config, resolved_config
 from eada.store.data import confine, default_roots, load_project_data, row_hashes
 from eada.store.db import Store, StoreError
-from eada.store.exports import model_meta, write_predictions
-from eada.store.labelfiles import ImportFileError, csv_safe, write_atomic
+from eada.store.exports import check_export_target, model_meta, predictions_csv, write_export
+from eada.store.labelfiles import ImportFileError, csv_safe
 from eada.store.labels import ImportValidationError
 from eada.store.roots import check_within_roots, label_studio_root
 from eada.store.rounds import ProjectRounds
@@ -322,20 +322,24 @@ class Project(ProjectRounds):
             "next": self.next_action(),
         }
 
-    def export(self, out: str | Path) -> dict[str, str]:
+    def export(self, out: str | Path, force: bool = False) -> dict[str, str]:
         """Write ``labels.csv`` (labels in force), ``labels_history.csv`` (every row,
         corrections included), ``model.pt`` (the last checkpoint's model weights, a plain
-        ``state_dict``) and ``model.json`` (config, classes, SHA-256 of ``model.pt``)."""
+        ``state_dict``), ``model.json`` (config, classes, SHA-256 of ``model.pt``) and
+        ``predictions.csv``.
+
+        Everything is read in ONE read transaction (:meth:`Store.snapshot`), so the files
+        agree with each other whatever commits meanwhile, then written into a staging folder
+        beside ``out`` and moved into place (:func:`~eada.store.exports.write_export`): a
+        killed or failed export leaves the previous one whole and no partial file. An ``out``
+        that already holds an export is replaced only with ``force``; one holding other files
+        never (:func:`~eada.store.exports.check_export_target`)."""
         import csv
+        import hashlib
         import io
 
         out = Path(out)
-        if out.exists() and not out.is_dir():
-            raise StoreError(f"--out {out} is an existing file; give a folder to export into")
-        ck = self.store.latest_checkpoint()
-        state = self.load_checkpoint(ck) if ck is not None else None  # refused: nothing written
-        out.mkdir(parents=True, exist_ok=True)
-        files: dict[str, str] = {}
+        check_export_target(out, force)
         cols = [
             "label_id",
             "sample_id",
@@ -356,30 +360,33 @@ class Project(ProjectRounds):
             "c.id = l.class_id LEFT JOIN rounds r ON r.id = l.round_id {where} ORDER BY l.id"
         )
         current = "WHERE NOT EXISTS (SELECT 1 FROM labels n WHERE n.supersedes = l.id)"
-        for name, where in (("labels.csv", current), ("labels_history.csv", "")):
-            buf = io.StringIO(newline="")
-            w = csv.writer(buf, lineterminator="\n")
-            w.writerow(cols)
-            for row in self.store.conn.execute(query.format(where=where)):
-                w.writerow(["" if v is None else csv_safe(v) for v in tuple(row)])
-            write_atomic(out / name, buf.getvalue())
-            files[name] = str(out / name)
-        if ck is not None and state is not None:
-            save_atomic(state["model"], out / "model.pt")
-            meta = {
-                "config": resolved_config(self.cfg),
-                "classes": self.classes,
-                "epoch": ck["epoch"],
-                "n_labeled": ck["n_labeled"],
-                "sha256": _file_sha256(out / "model.pt"),
-                "load": "eada.load_model(FOLDER), or torch.load('model.pt', weights_only=True)",
-                **model_meta(self),
-            }
-            files["predictions.csv"] = str(write_predictions(self, state["model"], out))
-            write_atomic(out / "model.json", json.dumps(meta, indent=1, default=str))
-            files["model.pt"] = str(out / "model.pt")
-            files["model.json"] = str(out / "model.json")
-        return files
+        files: dict[str, bytes] = {}
+        with self.store.snapshot() as conn:
+            for name, where in (("labels.csv", current), ("labels_history.csv", "")):
+                buf = io.StringIO(newline="")
+                w = csv.writer(buf, lineterminator="\n")
+                w.writerow(cols)
+                for row in conn.execute(query.format(where=where)):
+                    w.writerow(["" if v is None else csv_safe(v) for v in tuple(row)])
+                files[name] = buf.getvalue().encode("utf-8")
+            ck = self.store.latest_checkpoint()
+            state = self.load_checkpoint(ck) if ck is not None else None  # refused: nothing written
+            if ck is not None and state is not None:
+                model = io.BytesIO()
+                torch.save(state["model"], model)
+                files["model.pt"] = model.getvalue()
+                meta = {
+                    "config": resolved_config(self.cfg),
+                    "classes": self.classes,
+                    "epoch": ck["epoch"],
+                    "n_labeled": ck["n_labeled"],
+                    "sha256": hashlib.sha256(files["model.pt"]).hexdigest(),
+                    "load": "eada.load_model(FOLDER), or torch.load('model.pt', weights_only=True)",
+                    **model_meta(self),
+                }
+                files["predictions.csv"] = predictions_csv(self, state["model"]).encode("utf-8")
+                files["model.json"] = json.dumps(meta, indent=1, default=str).encode("utf-8")
+        return write_export(out, files)
 
 
 def _eada_version() -> str:

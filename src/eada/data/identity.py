@@ -1,0 +1,139 @@
+"""What a run's data are: the absolute path and a content digest of every input file a data
+config reads, stored in each run record so that a stored result is reused only for the same
+data (:func:`eada.runs.input_differences`).
+
+- feature files (and their label files), digits files, a local weights file: SHA-256 of the
+  bytes;
+- an image list: SHA-256 of the list's text plus each image's resolved path, size and
+  modification time (an image folder: the same, over the images the scan finds); the images'
+  bytes are not read, so a large image folder costs one ``stat`` an image.
+
+Digests are cached by ``(path, size, mtime)`` within the process, so a command that runs many
+configs over the same files hashes each file once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from eada.config import DataConfig, DigitsData, FeatureData, ImageListData, ModelConfig
+from eada.runs import sha256_file
+
+#: ``(resolved path, size, mtime_ns) -> sha256``: files hashed by this process
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+# the files each digits domain reads under ``root`` (see eada.data.digits.load_digits)
+_DIGIT_FILES: dict[str, dict[str, list[str]]] = {
+    "mnist": {
+        s: ["mnist/t10k-images-idx3-ubyte.gz", "mnist/t10k-labels-idx1-ubyte.gz"]
+        for s in ("all", "test")
+    },
+    "usps": {
+        "train": ["usps/zip.train.gz"],
+        "test": ["usps/zip.test.gz"],
+        "all": ["usps/zip.train.gz", "usps/zip.test.gz"],
+    },
+    "mnist_m": {s: ["mnist_m/mnist_m_test_labels.txt"] for s in ("all", "test")},
+}
+
+
+def file_digest(path: Path) -> str:
+    """``sha256:<hex>`` of a file's bytes, hashed once per ``(path, size, mtime)`` in this
+    process.
+
+    Raises:
+        FileNotFoundError: naming the file.
+    """
+    real = path.resolve()
+    st = real.stat()  # FileNotFoundError names the path
+    key = (str(real), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = "sha256:" + sha256_file(real)
+    return _DIGESTS[key]
+
+
+def _stat_digest(h: Any, paths: list[Path]) -> None:
+    """Feed each path with its size and modification time (or ``missing``) into ``h``."""
+    for p in paths:
+        try:
+            st = p.stat()
+            h.update(f"{p}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{p}\tmissing\n".encode())
+
+
+def image_domain_digest(spec: Path, cfg: ImageListData) -> dict[str, Any]:
+    """The identity of one image domain (a list file or a domain folder): its absolute path,
+    the number of images and a digest of the list's text (a folder: of its listing) plus every
+    image's path, size and modification time."""
+    from eada.data.images import load_image_list
+
+    images = load_image_list(spec, cfg.root, allow_outside=cfg.allow_outside_root)
+    h = hashlib.sha256()
+    if spec.is_file():
+        h.update(spec.read_bytes())
+    _stat_digest(h, images.paths)
+    return {
+        "path": str(spec.resolve()),
+        "images": len(images.paths),
+        "digest": "stat-sha256:" + h.hexdigest(),
+    }
+
+
+def _file_entry(path: Path) -> dict[str, Any]:
+    return {"path": str(path.resolve()), "digest": file_digest(path)}
+
+
+def data_inputs(data: DataConfig, model: ModelConfig | None = None) -> dict[str, Any]:
+    """Every input file of a run's data (and a local weights file): ``{role: {"path",
+    "digest", ...}}``; empty for the toy data (generated from the config).
+
+    Raises:
+        FileNotFoundError: a feature, label, list, digits or weights file that is not there
+            (the message names it).
+    """
+    out: dict[str, Any] = {}
+    if isinstance(data, FeatureData):
+        for role in ("source", "target", "heldout"):
+            for suffix in ("", "_labels"):
+                p = getattr(data, role + suffix)
+                if p is not None:
+                    out[role + suffix] = _file_entry(Path(p))
+    elif isinstance(data, DigitsData):
+        splits = {"source": data.source_split, "target": data.target_split}
+        if data.heldout_split is not None:
+            splits["heldout"] = data.heldout_split
+        for role, split in splits.items():
+            name = getattr(data, "target" if role == "heldout" else role)
+            for rel in _DIGIT_FILES[name].get(split, []):
+                out[f"{role}:{rel}"] = _file_entry(Path(data.root) / rel)
+            if name == "mnist_m":  # the image folder: size and time of each image
+                folder = Path(data.root) / "mnist_m" / "mnist_m_test"
+                h = hashlib.sha256()
+                files = sorted(folder.iterdir()) if folder.is_dir() else []
+                _stat_digest(h, files)
+                out[f"{role}:mnist_m/mnist_m_test"] = {
+                    "path": str(folder.resolve()),
+                    "images": len(files),
+                    "digest": "stat-sha256:" + h.hexdigest(),
+                }
+    elif isinstance(data, ImageListData):
+        for role in ("source", "target", "heldout"):
+            spec = getattr(data, role)
+            if spec is not None:
+                out[role] = image_domain_digest(Path(spec), data)
+    if model is not None and model.name == "backbone" and model.weights:
+        w = Path(model.weights)
+        if not model.weights.startswith("pretrained") and model.weights != "none" and w.is_file():
+            out["model.weights"] = _file_entry(w)
+    return out
+
+
+def clear_cache() -> None:
+    """Forget the digests hashed so far (tests)."""
+    _DIGESTS.clear()
+
+
+__all__ = ["clear_cache", "data_inputs", "file_digest", "image_domain_digest"]
