@@ -3,8 +3,8 @@
 eada init --store DIR (--preset NAME [--method M] | --config FILE.yaml
                        | --source-dir D --target-dir D) [--seed S] [--set k=v ...] [--root DIR ...]
 eada query --store DIR [--budget N]            score the pool, select, export CSV/JSON/Label Studio
-eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried]
-eada train --store DIR [--epochs N] [--simulate]
+eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried] [--force]
+eada train --store DIR [--epochs N | --partial] [--simulate]
 eada status --store DIR [--json]
 eada export --store DIR --out DIR              labels (CSV) and the final model (weights + JSON)
 """
@@ -86,8 +86,14 @@ def _cmd_init(args: argparse.Namespace) -> int:
 def _cmd_query(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.query(budget=args.budget)
-    what = "still awaits labels, exported again" if out["reexported"] else "selected"
-    console.print(f"round {out['round']}: {out['selected']} samples {what}")
+    if out["reexported"]:
+        console.print(
+            f"round {out['round']}: {out['pending']} of its {out['selected']} samples still "
+            f"await an answer ({out['labeled']} labeled, {out['skipped']} skipped); "
+            "exported again"
+        )
+    else:
+        console.print(f"round {out['round']}: {out['selected']} samples selected")
     for k, v in out["files"].items():
         console.print(f"  {k:<20} {v}")
     if "json" in out["files"]:
@@ -100,12 +106,24 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 def _cmd_label_import(args: argparse.Namespace) -> int:
     proj = _project(args)
-    out = proj.import_labels(args.file, args.annotator, args.allow_unqueried)
-    console.print(
-        f"imported {args.file} ({out['format']}): {out['new']} new, {out['corrections']} "
-        f"corrections, {out['unchanged']} unchanged; {out['pending']} queried samples await labels"
-    )
+    out = proj.import_labels(args.file, args.annotator, args.allow_unqueried, args.force)
+    console.print(f"imported {args.file} ({out['format']}): {import_summary(out)}")
     return 0
+
+
+def import_summary(out: dict[str, Any]) -> str:
+    """``3 new, 1 corrections, 1 skipped, 0 unchanged; 2 queried samples await an answer``."""
+    parts = [f"{out['new']} new", f"{out['corrections']} corrections", f"{out['skipped']} skipped"]
+    if out.get("unskipped"):
+        parts.append(f"{out['unskipped']} skips undone by a label")
+    parts.append(f"{out['unchanged']} unchanged")
+    text = ", ".join(parts)
+    if out.get("replaced_other_annotators"):
+        n_forced = out["replaced_other_annotators"]
+        text += f" ({n_forced} replaced another annotator's label, forced)"
+    n = out["pending"]
+    verb = "sample awaits" if n == 1 else "samples await"
+    return text + f"; {n} queried {verb} an answer"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -116,7 +134,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         st = proj.run_simulated(progress=_log)
         _print_status(st)
         return 0
-    out = proj.train(epochs=args.epochs, progress=_log)
+    if args.partial and args.epochs is not None:
+        raise ValueError("--partial trains up to the next planned round; drop --epochs")
+    out = proj.train(epochs=args.epochs, progress=_log, partial=args.partial)
     m = out["metrics"]
     accs = [
         f"{name} accuracy {m[key]['accuracy']:.2f}%"
@@ -134,17 +154,29 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _print_status(st: dict[str, Any]) -> None:
     console.print(
         f"mode {st['mode']}, epoch {st['epoch']}, labeled {st['n_labeled']}/{st['n_target']} "
-        f"({st['budget_spent_percent']:.2f}% of the target), corrections {st['corrections']}, "
-        f"next: {st['next']}"
+        f"({st['budget_spent_percent']:.2f}% of the target), skipped {st['n_skipped']}, "
+        f"corrections {st['corrections']}, next: {st['next']}"
     )
+    cols = ("round", "epoch", "strategy", "selected", "labeled", "skipped", "pending")
     t = Table(title="rounds")
-    for col in ("round", "epoch", "strategy", "selected", "labeled", "pending"):
+    for col in cols:
         t.add_column(col)
     for r in st["rounds"]:
-        t.add_row(
-            *[str(r[c]) for c in ("round", "epoch", "strategy", "selected", "labeled", "pending")]
-        )
+        t.add_row(*[str(r[c]) for c in cols])
     console.print(t)
+    if st["skipped_by_reason"]:
+        console.print(
+            "skipped by reason: "
+            + "; ".join(f"{why}: {n}" for why, n in st["skipped_by_reason"].items())
+        )
+    if st["annotators"]:
+        console.print(
+            "answers in force by annotator: "
+            + "; ".join(
+                f"{who}: {c['labeled']} labeled, {c['skipped']} skipped"
+                for who, c in st["annotators"].items()
+            )
+        )
     h = Table(title="accuracy history")
     for col in ("epoch", "labeled", "target %", "heldout %"):
         h.add_column(col, justify="right")
@@ -233,6 +265,11 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument(
         "--allow-unqueried", action="store_true", help="accept labels for samples no round queried"
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let a label replace ANOTHER annotator's label (refused and named otherwise)",
+    )
     p.set_defaults(func=_cmd_label_import)
 
     p = sub.add_parser("train", help="train with every label so far (or --simulate a run)")
@@ -247,6 +284,11 @@ def add_store_commands(sub: Any) -> None:
         "--simulate",
         action="store_true",
         help="run the whole schedule with a simulated oracle (resumable)",
+    )
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="the last round still awaits answers: train with the labels it has so far",
     )
     from eada.threads import add_threads_argument
 

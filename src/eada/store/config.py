@@ -68,12 +68,17 @@ class StoreOptions(BaseModel):
         label_studio_root: the folder Label Studio serves local files from
             (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); default: the deepest folder holding
             every registered data root.
+        conflicts: what a label that would replace ANOTHER annotator's label does:
+            ``refuse`` (default: the import names both annotators and labels, exits 2 and
+            changes nothing unless ``--force``) or ``newest-wins`` (it replaces it; the
+            history keeps both).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     target: Literal["auto", "labeled", "unlabeled"] = "auto"
     label_studio_root: Path | None = None
+    conflicts: Literal["refuse", "newest-wins"] = "refuse"
 
 
 def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptions]:
