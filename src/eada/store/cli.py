@@ -5,6 +5,8 @@ eada init --store DIR (--preset NAME [--method M] | --config FILE.yaml
 eada query --store DIR [--budget N]            score the pool, select, export CSV/JSON/Label Studio
 eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried] [--force]
 eada train --store DIR [--epochs N | --partial] [--simulate]
+eada labelstudio connect --store DIR --url URL [--project ID]   a live Label Studio project
+eada labelstudio pull --store DIR [--force] | push --store DIR
 eada status --store DIR [--json]
 eada export --store DIR --out DIR              labels (CSV) and the final model (weights + JSON)
 """
@@ -86,6 +88,11 @@ def _cmd_init(args: argparse.Namespace) -> int:
 def _cmd_query(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.query(budget=args.budget)
+    if out.get("labelstudio_error"):
+        _log(
+            f"warning: the round is recorded and exported, but Label Studio did not take it: "
+            f"{out['labelstudio_error']}; retry with `eada labelstudio push --store {args.store}`"
+        )
     if out["reexported"]:
         console.print(
             f"round {out['round']}: {out['pending']} of its {out['selected']} samples still "
@@ -148,6 +155,35 @@ def _cmd_train(args: argparse.Namespace) -> int:
         f"labels: {'; '.join(accs) or 'no labeled split to measure accuracy on'}; "
         f"next: {proj.next_action()}"
     )
+    return 0
+
+
+def _cmd_ls_connect(args: argparse.Namespace) -> int:
+    from eada.store import labelstudio
+
+    out = labelstudio.connect(_project(args), args.url, args.project, args.title)
+    console.print(
+        f"connected {args.store} to Label Studio project {out['project']} at {out['url']} "
+        f"(local-files storage {out['storage']}, document root {out['document_root']}); "
+        f"rounds pushed: {out['pushed'] or 'none yet'}"
+    )
+    console.print(f"  open {out['url']}/projects/{out['project']}/data")
+    return 0
+
+
+def _cmd_ls_push(args: argparse.Namespace) -> int:
+    from eada.store import labelstudio
+
+    pushed = labelstudio.push_pending(_project(args))
+    console.print(f"rounds pushed to Label Studio: {pushed or 'none (all were pushed)'}")
+    return 0
+
+
+def _cmd_ls_pull(args: argparse.Namespace) -> int:
+    from eada.store import labelstudio
+
+    out = labelstudio.pull(_project(args), force=args.force)
+    console.print(f"pulled {out['file']}: {import_summary(out)}")
     return 0
 
 
@@ -294,6 +330,30 @@ def add_store_commands(sub: Any) -> None:
 
     add_threads_argument(p)
     p.set_defaults(func=_cmd_train)
+
+    ls = sub.add_parser("labelstudio", help="a live Label Studio project for the rounds")
+    lssub = ls.add_subparsers(dest="labelstudio_command", required=True)
+    p = lssub.add_parser(
+        "connect",
+        help="create (or use) a Label Studio project with the classes and the image storage, "
+        "and push the rounds (token: $LABEL_STUDIO_API_KEY)",
+    )
+    store_arg(p)
+    p.add_argument("--url", required=True, help="the Label Studio server, http://HOST:PORT")
+    p.add_argument("--project", type=int, default=None, help="use this existing project id")
+    p.add_argument("--title", default=None, help="title of the project to create")
+    p.set_defaults(func=_cmd_ls_connect)
+    p = lssub.add_parser("push", help="send the rounds Label Studio has not received yet")
+    store_arg(p)
+    p.set_defaults(func=_cmd_ls_push)
+    p = lssub.add_parser("pull", help="import the submitted annotations and skips")
+    store_arg(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let an annotation replace ANOTHER annotator's label (refused and named otherwise)",
+    )
+    p.set_defaults(func=_cmd_ls_pull)
 
     p = sub.add_parser("status", help="rounds, budget spent, accuracy history")
     store_arg(p)

@@ -164,7 +164,7 @@ def _ls_annotator(ann: dict[str, Any]) -> str | None:
     return None if who is None else f"label-studio:{who}"
 
 
-def _read_label_studio(tasks: list[Any]) -> list[LabelItem]:
+def read_label_studio(tasks: list[Any]) -> list[LabelItem]:
     items = []
     for i, task in enumerate(tasks, start=1):
         where = f"task {i}"
@@ -229,7 +229,7 @@ def read_json(text: str) -> tuple[str, list[LabelItem]]:
         and doc
         and all(isinstance(t, dict) and "annotations" in t for t in doc)
     ):
-        return "label-studio", _read_label_studio(doc)
+        return "label-studio", read_label_studio(doc)
     else:
         fmt = "json"
     if not isinstance(doc, list):

@@ -35,6 +35,7 @@ from typing import Any
 import torch  # noqa: F401  (eada.store.project.torch: the disk-full test patches torch.save)
 
 from eada.config import ExperimentConfig
+from eada.store import labelstudio
 from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import StoreOptions, absolute_config, resolved_config
@@ -130,8 +131,16 @@ class Project(ProjectRounds):
         epoch (or the end of the schedule), or ``epochs`` more epochs. An interrupted training
         segment continues from its last epoch checkpoint. ``partial``: the last round still
         awaits some answers; train with the labels it has so far up to the next round's epoch
-        (the rest stay pending). Returns the segment's measurements."""
+        (the rest stay pending). A store connected to Label Studio pulls its annotations
+        first. Returns the segment's measurements."""
         self.store.check_writable()
+        if labelstudio.connection(self) is not None:
+            got = labelstudio.pull(self)
+            if progress is not None:
+                progress(
+                    f"pulled from Label Studio: {got['new']} new, {got['corrections']} "
+                    f"corrections, {got['skipped']} skipped, {got['unchanged']} unchanged"
+                )
         ck = self.store.latest_checkpoint()
         e0 = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch" and epochs is None:

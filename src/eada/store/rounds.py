@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from eada.store import labelstudio
 from eada.store.checkpoints import crash_point
 from eada.store.db import StoreError, now
 from eada.store.labelfiles import (
@@ -146,9 +147,16 @@ class ProjectRounds(ProjectLabels):
             )
             crash_point("query:before_commit")
         files = self.export_round(r) if export else {}
+        pushed_error = None
+        if labelstudio.connection(self) is not None:
+            try:
+                labelstudio.push_pending(self)
+            except labelstudio.LabelStudioError as err:  # the round stands; push it later
+                pushed_error = str(err)
         return {
             "round": r,
             "reexported": False,
+            "labelstudio_error": pushed_error,
             "files": files,
             "selected": budget,
             "pool": len(pool),
@@ -173,8 +181,10 @@ class ProjectRounds(ProjectLabels):
             "pending": n_sel - n_lab - n_skip,
         }
 
-    def export_round(self, number: int) -> dict[str, str]:
-        """Write round ``number``'s batch as CSV, JSON and Label Studio tasks (+ config)."""
+    def round_rows(self, number: int) -> list[dict[str, Any]]:
+        """Round ``number``'s selected samples in rank order: ids, path, the model's class and
+        score, the strategy's scores and the answer in force (``label``, ``annotator``,
+        ``skip``)."""
         rnd = self.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
         if rnd is None:
             raise StoreError(f"no round {number} in this project")
@@ -202,6 +212,12 @@ class ProjectRounds(ProjectLabels):
                     "skip": None if ans is None else ans["skip_reason"],
                 }
             )
+        return rows
+
+    def export_round(self, number: int) -> dict[str, str]:
+        """Write round ``number``'s batch as CSV, JSON and Label Studio tasks (+ config)."""
+        rows = self.round_rows(number)
+        rnd = self.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
         score_names = list(rows[0]["scores"]) if rows else []
         out = self.folder / "exports"
         out.mkdir(exist_ok=True)
