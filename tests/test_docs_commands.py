@@ -56,6 +56,8 @@ NOT_RUN: dict[str, str] = {
     "written against a real server (store and port substituted)",
     "eada labelstudio pull --store runs/proj": "as above (tests/test_labelstudio_live.py)",
     "eada status --store runs/proj": "as above (tests/test_labelstudio_live.py)",
+    "eada labelstudio push --store runs/proj": "needs a connected store and a running Label "
+    "Studio (tests/test_labelstudio_live.py pushes through eada query)",
 }
 TEMPLATE = re.compile(r"\[|\||\.\.\.|\$|\b[A-Z][A-Z_0-9]{2,}\b|\bM\b")
 TRAINS = ("eada run ", "eada bench ")

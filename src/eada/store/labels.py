@@ -157,7 +157,7 @@ class ProjectLabels(ProjectCheckpoints):
         conn = self.store.conn
         class_id = {n: i for i, n in enumerate(self.classes)}
         roots = self.store.roots()
-        chosen: dict[int, tuple[LabelItem, int]] = {}
+        chosen: dict[int, tuple[LabelItem, int | None]] = {}
         by_external = external_ids(conn) if any(it.external_id for it in items) else {}
         for it in items:
             sample = None
