@@ -221,7 +221,7 @@ def test_a_round_in_a_real_label_studio_server(
 def readme_label_studio_commands() -> list[list[str]]:
     """The ``eada`` lines of the README's *Label Studio, live* block, in order."""
     text = (REPO / "README.md").read_text()
-    section = text.split("### Label Studio, live", 1)[1].split("\n#", 1)[0]
+    section = text.split("### Label Studio, live", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     block = re.search(r"```bash\n(.*?)```", section, re.S)
     assert block is not None
     return [
