@@ -34,6 +34,7 @@ def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     Yields ``{"url", "root", "legacy_token", "email"}``. Skipped where its virtualenv is
     missing, except under ``CI=true``, where that is a failure."""
     import os
+    import shutil
     import signal
     import socket
     import subprocess
@@ -50,6 +51,9 @@ def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     root, data = base / "root", base / "data"
     root.mkdir()
     data.mkdir()
+    template = LABEL_STUDIO_VENV / "eada-db-template" / "label_studio.sqlite3"
+    if template.is_file():  # migrated once by scripts/ensure_labelstudio.sh: starts in seconds
+        shutil.copy(template, data / template.name)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -136,6 +136,25 @@ def test_a_round_in_a_real_label_studio_server(
         assert len(preds) == 1 and 0 < preds[0]["score"] <= 1
         assert preds[0]["result"][0]["value"]["choices"][0] in CLASSES
 
+    # `eada serve`: Label Studio itself connects to it as an ML backend (it calls /health and
+    # /setup and refuses a backend that does not answer them); /predict gives the model's class
+    backend = _serve(store)
+    try:
+        port = backend.server_address[1]
+        ml = _api(ls, "POST", "/api/ml/", {"url": f"http://127.0.0.1:{port}", "project": project})
+        assert ml["state"] in ("CO", "connected", "Connected"), ml
+        got = _post(f"http://127.0.0.1:{port}/predict", {"tasks": tasks})["results"]
+        for t, r in zip(tasks, got, strict=True):
+            pre = _api(ls, "GET", f"/api/predictions/?task={t['id']}")[0]
+            assert r["result"][0]["value"] == pre["result"][0]["value"]
+            assert r["score"] == pytest.approx(pre["score"], abs=1e-5)
+        assert _post(f"http://127.0.0.1:{port}/webhook", {"action": "PROJECT_UPDATED"}) == {
+            "status": "ignored"
+        }
+        _api(ls, "DELETE", f"/api/ml/{ml['id']}")
+    finally:
+        backend.shutdown()
+
     # the annotator: 3 right labels, 1 wrong (corrected below), 1 skip
     truth = unlabeled["truth"]
     by_rank = sorted(tasks, key=lambda t: t["data"]["rank"])
@@ -216,6 +235,33 @@ def test_a_round_in_a_real_label_studio_server(
     assert len(_tasks(ls, project)) == 10
     st = Project(store).status()
     assert st["n_labeled"] == 9 and st["n_skipped"] == 1 and st["next"] in ("query", "done")
+
+
+def _serve(store: Path) -> Any:
+    """``eada serve`` on a free port in a thread (its store opened there: SQLite connections
+    stay in their thread); returns the running server."""
+    import threading
+
+    from eada.store.serve import make_server
+
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+
+    def run() -> None:
+        box["server"] = make_server(Project(store), "127.0.0.1", 0)
+        ready.set()
+        box["server"].serve_forever()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert ready.wait(60)
+    return box["server"]
+
+
+def _post(url: str, body: Any) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read())
 
 
 def readme_label_studio_commands() -> list[list[str]]:

@@ -247,7 +247,9 @@ def test_reimport_and_header_only_csv_are_no_ops(queried, capsys) -> None:
     assert _count(folder, "imports") == 1
     before = _dump(folder)
     assert main(["label", "import", str(f), *s]) == 0
-    assert "0 new, 0 corrections, 0 skipped, 10 unchanged" in " ".join(capsys.readouterr().out.split())
+    assert "0 new, 0 corrections, 0 skipped, 10 unchanged" in " ".join(
+        capsys.readouterr().out.split()
+    )
     h = folder.parent / "h.csv"
     h.write_text("sample_id,label\n")
     assert main(["label", "import", str(h), *s]) == 0

@@ -7,6 +7,7 @@ eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried] [--for
 eada train --store DIR [--epochs N | --partial] [--simulate]
 eada labelstudio connect --store DIR --url URL [--project ID]   a live Label Studio project
 eada labelstudio pull --store DIR [--force] | push --store DIR
+eada serve --store DIR [--host H] [--port P]  Label Studio ML backend (health/setup/predict/webhook)
 eada status --store DIR [--json]
 eada export --store DIR --out DIR              labels (CSV) and the final model (weights + JSON)
 """
@@ -187,6 +188,24 @@ def _cmd_ls_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from eada.store.serve import make_server
+
+    server = make_server(_project(args), args.host, args.port)
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+    _log(
+        f"eada serve: Label Studio ML backend for {args.store} at http://{host}:{port} "
+        "(/health, /setup, /predict, /webhook); Ctrl-C stops it"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def _print_status(st: dict[str, Any]) -> None:
     console.print(
         f"mode {st['mode']}, epoch {st['epoch']}, labeled {st['n_labeled']}/{st['n_target']} "
@@ -354,6 +373,14 @@ def add_store_commands(sub: Any) -> None:
         help="let an annotation replace ANOTHER annotator's label (refused and named otherwise)",
     )
     p.set_defaults(func=_cmd_ls_pull)
+
+    p = sub.add_parser(
+        "serve", help="Label Studio's ML-backend protocol for interactive pre-annotation"
+    )
+    store_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=9090, help="port (0: a free one)")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("status", help="rounds, budget spent, accuracy history")
     store_arg(p)
