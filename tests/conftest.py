@@ -66,7 +66,9 @@ def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT": str(root),
         "LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK": "true",
         "COLLECT_ANALYTICS": "false",
-        "ML_BLOCK_LOCAL_IP": "false",  # `eada serve` runs on this host (127.0.0.1)
+        # `eada serve` runs on this host: let Label Studio call an ML backend on 127.0.0.1
+        "ML_BLOCK_LOCAL_IP": "false",
+        "USE_DEFAULT_BANNED_SUBNETS": "false",
         "OMP_NUM_THREADS": "1",
     }
     log = open(base / "server.log", "wb")  # open while the server runs
