@@ -360,6 +360,8 @@ class Store:
         self.conn.execute("PRAGMA foreign_keys=OFF")  # the rebuild drops a referenced table
         try:
             with self.transaction() as c:
+                if self.get_meta("schema_version") != str(version):
+                    return  # another process upgraded it while this one waited for the lock
                 if version == 1:
                     for stmt in _MIGRATE_V1:
                         c.execute(stmt)
