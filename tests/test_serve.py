@@ -85,3 +85,23 @@ def test_predict_on_an_untrained_store(tmp_path: Path) -> None:
     assert b.predict({"tasks": [{"data": {"sample_id": 1}}]}) == {
         "results": [{"model_version": "eada-untrained", "result": []}]
     }
+
+
+def test_label_studio_errors_are_one_line_exit_2(tmp_path: Path, monkeypatch, capsys) -> None:
+    """No token, an unreachable server, a store never connected: one `error:` line, exit 2,
+    nothing recorded."""
+    from eada.cli import main
+
+    p = init_project(tmp_path / "p", preset_config("toy", "eada", 0, TOY))
+    p.close()
+    s = ["--store", str(tmp_path / "p")]
+    monkeypatch.delenv("LABEL_STUDIO_API_KEY", raising=False)
+    assert main(["labelstudio", "connect", *s, "--url", "http://127.0.0.1:9"]) == 2
+    assert "set $LABEL_STUDIO_API_KEY" in capsys.readouterr().err
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "some-legacy-token")
+    assert main(["labelstudio", "connect", *s, "--url", "http://127.0.0.1:9"]) == 2
+    assert "cannot reach Label Studio at http://127.0.0.1:9" in capsys.readouterr().err
+    assert main(["labelstudio", "pull", *s]) == 2
+    err = capsys.readouterr().err
+    assert "is not connected to Label Studio" in err and "eada labelstudio connect" in err
+    assert Project(tmp_path / "p").store.get_meta("labelstudio") is None
