@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,3 +19,111 @@ def digits_root() -> Path:
     if not root.is_dir():
         pytest.skip(f"real data not found at {root}")
     return root
+
+
+#: Label Studio's own virtualenv (its pins never touch eada's): `.ci/run` installs it here.
+LABEL_STUDIO_VENV = Path(
+    __import__("os").environ.get("EADA_LABEL_STUDIO_VENV", str(REPO / ".venv-labelstudio"))
+)
+
+
+@pytest.fixture(scope="session")
+def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A real Label Studio server on 127.0.0.1 (a free port), its SQLite database in a temp
+    folder, local-files serving on with the document root ``root``; stopped afterwards.
+    Yields ``{"url", "root", "legacy_token", "email"}``. Skipped where its virtualenv is
+    missing, except under ``CI=true``, where that is a failure."""
+    import os
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    exe = LABEL_STUDIO_VENV / "bin" / "label-studio"
+    if not exe.is_file():
+        msg = f"Label Studio is not installed at {LABEL_STUDIO_VENV} (.ci/run installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    base = tmp_path_factory.mktemp("label-studio")
+    root, data = base / "root", base / "data"
+    root.mkdir()
+    data.mkdir()
+    template = LABEL_STUDIO_VENV / "eada-db-template" / "label_studio.sqlite3"
+    if template.is_file():  # migrated once by scripts/ensure_labelstudio.sh: starts in seconds
+        shutil.copy(template, data / template.name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token, email = "eada-test-legacy-token", "annotator@example.org"
+    env = {
+        **os.environ,
+        "HOME": str(base),
+        "LABEL_STUDIO_BASE_DATA_DIR": str(data),
+        "LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED": "true",
+        "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT": str(root),
+        "LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK": "true",
+        "COLLECT_ANALYTICS": "false",
+        # `eada serve` runs on this host: let Label Studio call an ML backend on 127.0.0.1
+        "ML_BLOCK_LOCAL_IP": "false",
+        "USE_DEFAULT_BANNED_SUBNETS": "false",
+        "OMP_NUM_THREADS": "1",
+    }
+    log = open(base / "server.log", "wb")  # open while the server runs
+    proc = subprocess.Popen(
+        [
+            str(exe),
+            "start",
+            "--no-browser",
+            "--internal-host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data),
+            "--username",
+            email,
+            "--password",
+            "eada-test-password",
+            "--user-token",
+            token,
+            "--enable-legacy-api-token",
+        ],
+        env=env,
+        cwd=base,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600  # migrations take minutes on a busy 2-core machine
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"Label Studio exited ({proc.returncode}): "
+                    + (base / "server.log").read_text(errors="replace")[-2000:]
+                )
+            try:
+                req = urllib.request.Request(
+                    url + "/api/current-user/whoami", headers={"Authorization": f"Token {token}"}
+                )
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("Label Studio did not answer within 600 s")
+            time.sleep(1)
+        yield {"url": url, "root": root, "legacy_token": token, "email": email}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and the workers it started
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()

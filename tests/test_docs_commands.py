@@ -51,6 +51,13 @@ NOT_RUN: dict[str, str] = {
     "eada status --store runs/proj --json": "store flow: tests/test_store.py",
     "eada report runs/proj": "store flow: the project report's own tests",
     "eada export --store runs/proj --out runs/final": "store flow: tests/test_store.py",
+    "eada labelstudio connect --store runs/proj --url http://127.0.0.1:8080": "needs a running "
+    "Label Studio: tests/test_labelstudio_live.py runs the README's Label Studio block as "
+    "written against a real server (store and port substituted)",
+    "eada labelstudio pull --store runs/proj": "as above (tests/test_labelstudio_live.py)",
+    "eada status --store runs/proj": "as above (tests/test_labelstudio_live.py)",
+    "eada labelstudio push --store runs/proj": "needs a connected store and a running Label "
+    "Studio (tests/test_labelstudio_live.py pushes through eada query)",
 }
 TEMPLATE = re.compile(r"\[|\||\.\.\.|\$|\b[A-Z][A-Z_0-9]{2,}\b|\bM\b")
 TRAINS = ("eada run ", "eada bench ")

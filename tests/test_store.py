@@ -127,14 +127,34 @@ def test_human_round_trip_on_digits(tmp_path: Path, digits_root: Path, capsys) -
     fix["label"] = "7" if old != "7" else "1"
     fix["annotator"] = "bob"
     _write_csv(tmp_path / "fix.csv", [fix])
-    assert main(["label", "import", str(tmp_path / "fix.csv"), *s]) == 0
-    assert "0 new, 1 corrections" in _flat(capsys.readouterr().out)
+    # bob replacing alice's label is a conflict: named, exit 2, nothing changed
+    before = Project(folder).status()
+    assert main(["label", "import", str(tmp_path / "fix.csv"), *s]) == 2
+    err = _flat(capsys.readouterr().err)
+    assert f"sample {fix['sample_id']}" in err and f"is labeled '{old}' by alice" in err
+    assert f"bob labels it '{fix['label']}'" in err and "--force" in err
+    assert Project(folder).status() == before
+    assert main(["label", "import", str(tmp_path / "fix.csv"), *s, "--force"]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "0 new, 1 corrections" in out and "replaced another annotator's label" in out
     assert main(["status", *s, "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
     assert st["n_labeled"] == 30 and st["corrections"] == 1 and st["by_source"]["human"] == 30
     assert st["rounds"] == [
-        {"round": 1, "epoch": 1, "strategy": "eada", "selected": 30, "labeled": 30, "pending": 0}
+        {
+            "round": 1,
+            "epoch": 1,
+            "strategy": "eada",
+            "selected": 30,
+            "labeled": 30,
+            "skipped": 0,
+            "pending": 0,
+        }
     ]
+    assert st["annotators"] == {
+        "alice": {"labeled": 29, "skipped": 0},
+        "bob": {"labeled": 1, "skipped": 0},
+    }
     assert [h["epoch"] for h in st["history"]] == [1, 2] and st["next"] == "done"
     assert all(0 <= h["target_accuracy"] <= 100 for h in st["history"])
     assert main(["export", *s, "--out", str(tmp_path / "out")]) == 0
@@ -160,7 +180,7 @@ def test_human_round_trip_on_digits(tmp_path: Path, digits_root: Path, capsys) -
         ]
     (tmp_path / "ls.json").write_text(json.dumps(tasks))
     assert main(["label", "import", str(tmp_path / "ls.json"), *s]) == 0
-    assert "0 new, 0 corrections, 30 unchanged" in _flat(capsys.readouterr().out)
+    assert "0 new, 0 corrections, 0 skipped, 30 unchanged" in _flat(capsys.readouterr().out)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from eada.store import Project, StoreError, init_project
 from eada.store import db as store_db
 from eada.store import project as store_project
 from eada.store.labelfiles import csv_safe
+from eada.store.labels import LabelConflictError
 
 TOY = [
     "data.n_per_class=60",
@@ -118,16 +119,20 @@ def test_concurrent_conflicting_imports_leave_one_label_in_force(queried, monkey
         return go
 
     res = _in_threads([importer(a, "alice"), importer(b, "bob")])
-    assert all(isinstance(r, dict) for r in res), res
-    # the second writer saw the first's labels: its differing labels are corrections
-    assert sorted((r["new"], r["corrections"]) for r in res) == [(0, 10), (10, 0)]
-    second = b if res[1]["corrections"] == 10 else a
-    expected = {int(r["sample_id"]): r["label"] for r in (other if second == b else rows)}
+    # the second writer saw the first's labels: its differing labels would replace another
+    # annotator's, so it is refused whole (named, nothing written) instead of winning silently
+    done = [r for r in res if isinstance(r, dict)]
+    refused = [r for r in res if isinstance(r, LabelConflictError)]
+    assert len(done) == 1 and len(refused) == 1, res
+    assert (done[0]["new"], done[0]["corrections"]) == (10, 0)
+    assert len(refused[0].conflicts) == 10
+    first = a if res[0] is done[0] else b
+    expected = {int(r["sample_id"]): r["label"] for r in (rows if first == a else other)}
     p = Project(folder)
     current = p.store.current_labels()
     assert {r["sample_id"]: r["class_name"] for r in current} == expected
     st = p.status()
-    assert st["n_labeled"] == 10 and st["corrections"] == 10
+    assert st["n_labeled"] == 10 and st["corrections"] == 0
     assert st["rounds"][0]["labeled"] == 10 and st["rounds"][0]["pending"] == 0
     files = p.export(folder.parent / "out")
     p.close()
@@ -242,7 +247,9 @@ def test_reimport_and_header_only_csv_are_no_ops(queried, capsys) -> None:
     assert _count(folder, "imports") == 1
     before = _dump(folder)
     assert main(["label", "import", str(f), *s]) == 0
-    assert "0 new, 0 corrections, 10 unchanged" in " ".join(capsys.readouterr().out.split())
+    assert "0 new, 0 corrections, 0 skipped, 10 unchanged" in " ".join(
+        capsys.readouterr().out.split()
+    )
     h = folder.parent / "h.csv"
     h.write_text("sample_id,label\n")
     assert main(["label", "import", str(h), *s]) == 0

@@ -188,7 +188,8 @@ def query(project: Any, budget: int | None = None) -> list[dict[str, Any]]:
     strategy's scores, best first (also written to ``exports/`` as for ``eada query``)."""
     out = project.query(budget=budget)
     doc = json.loads(Path(out["files"]["json"]).read_text())
-    return [{k: v for k, v in s.items() if k not in ("label", "annotator")} for s in doc["samples"]]
+    answer = ("label", "annotator", "skip")
+    return [{k: v for k, v in s.items() if k not in answer} for s in doc["samples"]]
 
 
 def import_labels(
@@ -196,16 +197,20 @@ def import_labels(
     labels: Any,
     annotator: str = "notebook",
     allow_unqueried: bool = False,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Import labels from records (dicts with ``label`` and ``sample_id`` and/or ``path``,
-    optional ``annotator``) or a pandas DataFrame with those columns. Validated like a file
-    import: all problems listed, nothing written unless all rows are valid."""
+    optional ``annotator``) or a pandas DataFrame with those columns. A record with ``skip``
+    (a reason) instead of ``label`` marks the sample unusable: it leaves the pool and counts
+    as answered; a later label undoes it. Validated like a file import: all problems listed,
+    nothing written unless all rows are valid. Replacing another annotator's label raises
+    ``LabelConflictError`` (nothing written) unless ``force=True``."""
     records: Iterable[Any]
     if hasattr(labels, "to_dict") and hasattr(labels, "columns"):  # a DataFrame
         records = labels.to_dict("records")
     else:
         records = labels
-    return project.import_records(list(records), annotator, allow_unqueried)
+    return project.import_records(list(records), annotator, allow_unqueried, force)
 
 
 __all__ = [

@@ -79,7 +79,8 @@ def _accuracy_figure(series: dict[str, tuple[list[int], list[float]]]) -> Figure
 
 
 def _queried_grid(project: Any, figs: _Figures, per_round: int) -> str:
-    labels = {r["sample_id"]: r["class_name"] for r in project.store.current_labels()}
+    answers = {r["sample_id"]: r for r in project.store.answers()}
+    labels = {k: r["class_name"] for k, r in answers.items() if r["class_name"] is not None}
     rows: list[tuple[Any, ...]] = []
     table: list[list[Any]] = []
     for rnd in project.store.rounds():
@@ -89,8 +90,11 @@ def _queried_grid(project: Any, figs: _Figures, per_round: int) -> str:
         for s in project.store.selected(rnd["id"]):
             pred = json.loads(s["scores"])["predicted"]
             label = labels.get(s["sample_id"])
+            ans = answers.get(s["sample_id"])
+            shown = label or (f"skipped: {ans['skip_reason']}" if ans is not None else "-")
+            who = "-" if ans is None else ans["annotator"]
             table.append(
-                [rnd["number"], s["rank"] + 1, s["sample_id"], s["path"] or "-", pred, label or "-"]
+                [rnd["number"], s["rank"] + 1, s["sample_id"], s["path"] or "-", pred, shown, who]
             )
             if len(imgs) >= per_round or not s["path"]:
                 continue
@@ -98,7 +102,8 @@ def _queried_grid(project: Any, figs: _Figures, per_round: int) -> str:
             if img is None:
                 continue
             imgs.append(img)
-            caps.append(f"#{s['rank'] + 1} p={pred} y={label or '?'}")
+            skip = ans is not None and label is None
+            caps.append(f"#{s['rank'] + 1} p={pred} y={'skipped' if skip else label or '?'}")
             wrong.append(label is not None and label != pred)
         if imgs:
             rows.append((f"round {rnd['number']}", np.stack(imgs), caps, wrong))
@@ -118,15 +123,15 @@ def _queried_grid(project: Any, figs: _Figures, per_round: int) -> str:
     if table:
         out.append(
             f"<details><summary>{len(table)} queried samples</summary>"
-            + _table(["round", "rank", "sample id", "path", "predicted", "label"], table)
+            + _table(["round", "rank", "sample id", "path", "predicted", "label", "by"], table)
             + "</details>"
         )
     return "".join(out)
 
 
 def counts_of(row: Any) -> list[int]:
-    """An import's new / corrected / unchanged label counts."""
-    return [row["n_new"], row["n_corrections"], row["n_unchanged"]]
+    """An import's new / corrected / skipped / unchanged counts."""
+    return [row["n_new"], row["n_corrections"], row["n_skipped"], row["n_unchanged"]]
 
 
 def build_project_report(folder: Path, out: Path | None = None, per_round: int = 8) -> Path:
@@ -168,6 +173,7 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
             r["strategy"],
             r["selected"],
             r["labeled"],
+            r["skipped"],
             r["pending"],
             "-"
             if q_by_round.get(r["round"], {}).get("accuracy") is None
@@ -175,7 +181,8 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
         ]
         for r in st["rounds"]
     ]
-    head = ["round", "epoch", "strategy", "selected", "labeled", "pending", "queried acc. %*"]
+    head = ["round", "epoch", "strategy", "selected", "labeled", "skipped", "pending"]
+    head.append("queried acc. %*")
     parts.append(_table(head, rounds) if rounds else "<p>No round queried yet.</p>")
     parts.append(f'<p class="note">* queried accuracy: {_e(QUERIED_NOTE)}</p>')
     parts.append("<h2>Labels over time</h2>")
@@ -197,8 +204,15 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
                 svg=True,
             )
         )
-        head = ["import", "time (UTC)", "file", "format", "new", "corrections", "unchanged"]
-        parts.append(_table(head, rows))
+        head = ["import", "time (UTC)", "file", "format", "new", "corrections", "skipped"]
+        parts.append(_table([*head, "unchanged"], rows))
+        who = [[k, v["labeled"], v["skipped"]] for k, v in st["annotators"].items()]
+        parts.append("<h3>Who labeled what (answers in force)</h3>")
+        parts.append(_table(["annotator", "labeled", "skipped"], who))
+        if st["skipped_by_reason"]:
+            parts.append("<h3>Skipped samples by reason</h3>")
+            reasons = [[k, v] for k, v in st["skipped_by_reason"].items()]
+            parts.append(_table(["reason", "samples"], reasons))
     else:
         parts.append("<p>No labels imported yet.</p>")
     parts.append("<h2>Accuracy where it can be measured</h2>")

@@ -4,8 +4,11 @@ eada init --store DIR (--preset NAME [--method M] | --config FILE.yaml
                        | --source-dir D --target-dir D) [--seed S] [--set k=v ...]
                        [--allow-root DIR ...]
 eada query --store DIR [--budget N]            score the pool, select, export CSV/JSON/Label Studio
-eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried]
-eada train --store DIR [--epochs N] [--simulate]
+eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried] [--force]
+eada train --store DIR [--epochs N | --partial] [--simulate]
+eada labelstudio connect --store DIR --url URL [--project ID]   a live Label Studio project
+eada labelstudio pull --store DIR [--force] | push --store DIR
+eada serve --store DIR [--host H] [--port P]  Label Studio ML backend (health/setup/predict/webhook)
 eada status --store DIR [--json]
 eada export --store DIR --out DIR [--force]    labels (CSV) and the final model (weights + JSON)
 """
@@ -87,8 +90,19 @@ def _cmd_init(args: argparse.Namespace) -> int:
 def _cmd_query(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.query(budget=args.budget)
-    what = "still awaits labels, exported again" if out["reexported"] else "selected"
-    console.print(f"round {out['round']}: {out['selected']} samples {what}")
+    if out.get("labelstudio_error"):
+        _log(
+            f"warning: the round is recorded and exported, but Label Studio did not take it: "
+            f"{out['labelstudio_error']}; retry with `eada labelstudio push --store {args.store}`"
+        )
+    if out["reexported"]:
+        console.print(
+            f"round {out['round']}: {out['pending']} of its {out['selected']} samples still "
+            f"await an answer ({out['labeled']} labeled, {out['skipped']} skipped); "
+            "exported again"
+        )
+    else:
+        console.print(f"round {out['round']}: {out['selected']} samples selected")
     for k, v in out["files"].items():
         console.print(f"  {k:<20} {v}")
     if "json" in out["files"]:
@@ -103,12 +117,24 @@ def _cmd_query(args: argparse.Namespace) -> int:
 
 def _cmd_label_import(args: argparse.Namespace) -> int:
     proj = _project(args)
-    out = proj.import_labels(args.file, args.annotator, args.allow_unqueried)
-    console.print(
-        f"imported {args.file} ({out['format']}): {out['new']} new, {out['corrections']} "
-        f"corrections, {out['unchanged']} unchanged; {out['pending']} queried samples await labels"
-    )
+    out = proj.import_labels(args.file, args.annotator, args.allow_unqueried, args.force)
+    console.print(f"imported {args.file} ({out['format']}): {import_summary(out)}")
     return 0
+
+
+def import_summary(out: dict[str, Any]) -> str:
+    """``3 new, 1 corrections, 1 skipped, 0 unchanged; 2 queried samples await an answer``."""
+    parts = [f"{out['new']} new", f"{out['corrections']} corrections", f"{out['skipped']} skipped"]
+    if out.get("unskipped"):
+        parts.append(f"{out['unskipped']} skips undone by a label")
+    parts.append(f"{out['unchanged']} unchanged")
+    text = ", ".join(parts)
+    if out.get("replaced_other_annotators"):
+        n_forced = out["replaced_other_annotators"]
+        text += f" ({n_forced} replaced another annotator's label, forced)"
+    n = out["pending"]
+    verb = "sample awaits" if n == 1 else "samples await"
+    return text + f"; {n} queried {verb} an answer"
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -119,7 +145,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         st = proj.run_simulated(progress=_log)
         _print_status(st)
         return 0
-    out = proj.train(epochs=args.epochs, progress=_log)
+    if args.partial and args.epochs is not None:
+        raise ValueError("--partial trains up to the next planned round; drop --epochs")
+    out = proj.train(epochs=args.epochs, progress=_log, partial=args.partial)
     m = out["metrics"]
     accs = [
         f"{name} accuracy {m[key]['accuracy']:.2f}%"
@@ -134,20 +162,79 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ls_connect(args: argparse.Namespace) -> int:
+    from eada.store import labelstudio
+
+    out = labelstudio.connect(_project(args), args.url, args.project, args.title)
+    console.print(
+        f"connected {args.store} to Label Studio project {out['project']} at {out['url']} "
+        f"(local-files storage {out['storage']}, document root {out['document_root']}); "
+        f"rounds pushed: {out['pushed'] or 'none yet'}"
+    )
+    console.print(f"  open {out['url']}/projects/{out['project']}/data")
+    return 0
+
+
+def _cmd_ls_push(args: argparse.Namespace) -> int:
+    from eada.store import labelstudio
+
+    pushed = labelstudio.push_pending(_project(args))
+    console.print(f"rounds pushed to Label Studio: {pushed or 'none (all were pushed)'}")
+    return 0
+
+
+def _cmd_ls_pull(args: argparse.Namespace) -> int:
+    from eada.store import labelstudio
+
+    out = labelstudio.pull(_project(args), force=args.force)
+    console.print(f"pulled {out['file']}: {import_summary(out)}")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from eada.store.serve import make_server
+
+    server = make_server(_project(args), args.host, args.port)
+    host, port = str(server.server_address[0]), int(server.server_address[1])
+    _log(
+        f"eada serve: Label Studio ML backend for {args.store} at http://{host}:{port} "
+        "(/health, /setup, /predict, /webhook); Ctrl-C stops it"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def _print_status(st: dict[str, Any]) -> None:
     console.print(
         f"mode {st['mode']}, epoch {st['epoch']}, labeled {st['n_labeled']}/{st['n_target']} "
-        f"({st['budget_spent_percent']:.2f}% of the target), corrections {st['corrections']}, "
-        f"next: {st['next']}"
+        f"({st['budget_spent_percent']:.2f}% of the target), skipped {st['n_skipped']}, "
+        f"corrections {st['corrections']}, next: {st['next']}"
     )
+    cols = ("round", "epoch", "strategy", "selected", "labeled", "skipped", "pending")
     t = Table(title="rounds")
-    for col in ("round", "epoch", "strategy", "selected", "labeled", "pending"):
+    for col in cols:
         t.add_column(col)
     for r in st["rounds"]:
-        t.add_row(
-            *[str(r[c]) for c in ("round", "epoch", "strategy", "selected", "labeled", "pending")]
-        )
+        t.add_row(*[str(r[c]) for c in cols])
     console.print(t)
+    if st["skipped_by_reason"]:
+        console.print(
+            "skipped by reason: "
+            + "; ".join(f"{why}: {n}" for why, n in st["skipped_by_reason"].items())
+        )
+    if st["annotators"]:
+        console.print(
+            "answers in force by annotator: "
+            + "; ".join(
+                f"{who}: {c['labeled']} labeled, {c['skipped']} skipped"
+                for who, c in st["annotators"].items()
+            )
+        )
     h = Table(title="accuracy history")
     for col in ("epoch", "labeled", "target %", "heldout %"):
         h.add_column(col, justify="right")
@@ -239,6 +326,11 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument(
         "--allow-unqueried", action="store_true", help="accept labels for samples no round queried"
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let a label replace ANOTHER annotator's label (refused and named otherwise)",
+    )
     p.set_defaults(func=_cmd_label_import)
 
     p = sub.add_parser("train", help="train with every label so far (or --simulate a run)")
@@ -254,10 +346,47 @@ def add_store_commands(sub: Any) -> None:
         action="store_true",
         help="run the whole schedule with a simulated oracle (resumable)",
     )
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="the last round still awaits answers: train with the labels it has so far",
+    )
     from eada.threads import add_threads_argument
 
     add_threads_argument(p)
     p.set_defaults(func=_cmd_train)
+
+    ls = sub.add_parser("labelstudio", help="a live Label Studio project for the rounds")
+    lssub = ls.add_subparsers(dest="labelstudio_command", required=True)
+    p = lssub.add_parser(
+        "connect",
+        help="create (or use) a Label Studio project with the classes and the image storage, "
+        "and push the rounds (token: $LABEL_STUDIO_API_KEY)",
+    )
+    store_arg(p)
+    p.add_argument("--url", required=True, help="the Label Studio server, http://HOST:PORT")
+    p.add_argument("--project", type=int, default=None, help="use this existing project id")
+    p.add_argument("--title", default=None, help="title of the project to create")
+    p.set_defaults(func=_cmd_ls_connect)
+    p = lssub.add_parser("push", help="send the rounds Label Studio has not received yet")
+    store_arg(p)
+    p.set_defaults(func=_cmd_ls_push)
+    p = lssub.add_parser("pull", help="import the submitted annotations and skips")
+    store_arg(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let an annotation replace ANOTHER annotator's label (refused and named otherwise)",
+    )
+    p.set_defaults(func=_cmd_ls_pull)
+
+    p = sub.add_parser(
+        "serve", help="Label Studio's ML-backend protocol for interactive pre-annotation"
+    )
+    store_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=9090, help="port (0: a free one)")
+    p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("status", help="rounds, budget spent, accuracy history")
     store_arg(p)

@@ -70,12 +70,17 @@ class StoreOptions(BaseModel):
             (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); default: the deepest folder holding
             every registered data root. Never ``/`` nor a parent of a home folder (an
             error; a derived one that would be is not written: set this key).
+        conflicts: what a label that would replace ANOTHER annotator's label does:
+            ``refuse`` (default: the import names both annotators and labels, exits 2 and
+            changes nothing unless ``--force``) or ``newest-wins`` (it replaces it; the
+            history keeps both).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     target: Literal["auto", "labeled", "unlabeled"] = "auto"
     label_studio_root: Path | None = None
+    conflicts: Literal["refuse", "newest-wins"] = "refuse"
 
     @field_validator("label_studio_root")
     @classmethod

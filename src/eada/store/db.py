@@ -6,7 +6,8 @@ point leaves the database at its last committed state (SQLite's write-ahead log 
 Labels are never updated in place: a correction is a new row whose ``supersedes`` points at the
 row it replaces, so the whole labeling history stays readable.
 
-Schema version 1 (``meta.schema_version``):
+Schema version 2 (``meta.schema_version``; a version-1 store is migrated when it is first
+opened for writing, see :func:`migrate_v1`):
 
 =============== ==========================================================================
 table           what
@@ -18,8 +19,9 @@ samples         role (source/target/heldout), domain, position in the loaded dom
                 path (image projects) or NULL (feature rows), content hash (SHA-256)
 rounds          one query round: number, strategy, epoch, budget, config, selection info
 round_samples   per-sample scores of the whole pool a round scored; ``rank`` of the selected
-labels          sample, class, annotator, time, round, source (human/simulated), supersedes
-imports         one label import: file, its SHA-256, format, counts
+labels          sample, class, annotator, time, round, source (human/simulated), supersedes;
+                a row with ``skip_reason`` and no class is a *skip* (the sample is unusable)
+imports         one label import: file, its SHA-256, format, counts (skips included)
 checkpoints     trainer checkpoint files with their SHA-256, epoch, segment and metrics
 =============== ==========================================================================
 """
@@ -37,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DB_NAME = "eada.sqlite"
 
 _SCHEMA = """
@@ -92,18 +94,21 @@ CREATE TABLE imports (
     n_new INTEGER NOT NULL,
     n_corrections INTEGER NOT NULL,
     n_unchanged INTEGER NOT NULL,
-    created TEXT NOT NULL
+    created TEXT NOT NULL,
+    n_skipped INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE labels (
     id INTEGER PRIMARY KEY,
     sample_id INTEGER NOT NULL REFERENCES samples (id),
-    class_id INTEGER NOT NULL REFERENCES classes (id),
+    class_id INTEGER REFERENCES classes (id),
     annotator TEXT NOT NULL,
     created TEXT NOT NULL,
     round_id INTEGER REFERENCES rounds (id),
     source TEXT NOT NULL CHECK (source IN ('human', 'simulated')),
     supersedes INTEGER UNIQUE REFERENCES labels (id),
-    import_id INTEGER REFERENCES imports (id)
+    import_id INTEGER REFERENCES imports (id),
+    skip_reason TEXT,
+    CHECK ((class_id IS NULL) <> (skip_reason IS NULL))
 );
 CREATE INDEX labels_sample ON labels (sample_id);
 CREATE UNIQUE INDEX labels_one_first ON labels (sample_id) WHERE supersedes IS NULL;
@@ -114,6 +119,21 @@ _ONE_FIRST_LABEL = (
     "CREATE UNIQUE INDEX IF NOT EXISTS labels_one_first ON labels (sample_id) "
     "WHERE supersedes IS NULL"
 )
+# Version 1 -> 2: ``labels.class_id`` may be NULL on a skip row that holds ``skip_reason``, and
+# ``imports.n_skipped``. SQLite cannot relax a NOT NULL column in place: the table is rebuilt.
+_MIGRATE_V1 = [
+    _SCHEMA[_SCHEMA.index("CREATE TABLE labels") : _SCHEMA.index("CREATE INDEX labels_sample")]
+    .replace("CREATE TABLE labels (", "CREATE TABLE labels_v2 (")
+    .strip()
+    .rstrip(";"),
+    "INSERT INTO labels_v2 (id, sample_id, class_id, annotator, created, round_id, source, "
+    "supersedes, import_id) SELECT id, sample_id, class_id, annotator, created, round_id, "
+    "source, supersedes, import_id FROM labels",
+    "DROP TABLE labels",
+    "ALTER TABLE labels_v2 RENAME TO labels",
+    "CREATE INDEX labels_sample ON labels (sample_id)",
+    "ALTER TABLE imports ADD COLUMN n_skipped INTEGER NOT NULL DEFAULT 0",
+]
 BUSY_TIMEOUT_ENV = "EADA_BUSY_TIMEOUT"
 DEFAULT_BUSY_TIMEOUT = 30.0
 HOLDER_SUFFIX = ".writer"  # eada.sqlite.writer: who holds the write lock (pid, command, since)
@@ -312,6 +332,8 @@ class Store:
                 f"the store at {self.folder} was written by a newer eada (schema version "
                 f"{version}; this eada reads up to version {SCHEMA_VERSION}): upgrade eada"
             )
+        if version < SCHEMA_VERSION:
+            self.migrate(version)
         has_index = self.conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'labels_one_first'"
         ).fetchone()
@@ -320,6 +342,39 @@ class Store:
                 self.conn.execute(_ONE_FIRST_LABEL)
             except sqlite3.Error:
                 pass  # a store that already holds two first labels: opened as it is
+
+    def migrate(self, version: int) -> None:
+        """Bring a store of an older schema ``version`` to :data:`SCHEMA_VERSION` in one
+        transaction (nothing changes if it fails). Version 1 -> 2 adds skips: the labels table
+        is rebuilt with every row kept (ids, corrections and imports included).
+
+        Raises:
+            StoreError: the store is read-only for this user (it must be upgraded once).
+        """
+        if self.readonly:
+            raise StoreError(
+                f"the store at {self.folder} has schema version {version} and needs a one-time "
+                f"upgrade to version {SCHEMA_VERSION}: run any eada command on it as a user who "
+                "may write it"
+            )
+        self.conn.execute("PRAGMA foreign_keys=OFF")  # the rebuild drops a referenced table
+        try:
+            with self.transaction() as c:
+                if self.get_meta("schema_version") != str(version):
+                    return  # another process upgraded it while this one waited for the lock
+                if version == 1:
+                    for stmt in _MIGRATE_V1:
+                        c.execute(stmt)
+                    try:
+                        c.execute(_ONE_FIRST_LABEL)
+                    except sqlite3.IntegrityError:
+                        pass  # a store that already holds two first labels: kept as it is
+                bad = c.execute("PRAGMA foreign_key_check").fetchall()
+                if bad:
+                    raise StoreError(f"{self.path}: upgrade refused, broken references {bad[:3]}")
+                self.set_meta("schema_version", str(SCHEMA_VERSION))
+        finally:
+            self.conn.execute("PRAGMA foreign_keys=ON")
 
     def close(self) -> None:
         """Close the database connection."""
@@ -470,6 +525,23 @@ class Store:
                 "ORDER BY l.sample_id"
             )
         )
+
+    def answers(self) -> list[sqlite3.Row]:
+        """The answer in force for every answered target sample: its label row or its skip
+        row (``class_id`` NULL, ``skip_reason`` set; ``class_name`` NULL), ordered by sample
+        id."""
+        return list(
+            self.conn.execute(
+                "SELECT l.*, s.position AS position, c.name AS class_name FROM labels l "
+                "JOIN samples s ON s.id = l.sample_id LEFT JOIN classes c ON c.id = l.class_id "
+                "WHERE NOT EXISTS (SELECT 1 FROM labels n WHERE n.supersedes = l.id) "
+                "ORDER BY l.sample_id"
+            )
+        )
+
+    def current_skips(self) -> list[sqlite3.Row]:
+        """The skips in force (samples marked unusable that no later label undid)."""
+        return [r for r in self.answers() if r["class_id"] is None]
 
     def rounds(self) -> list[sqlite3.Row]:
         """Round rows in order."""

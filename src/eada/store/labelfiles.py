@@ -16,6 +16,7 @@ from eada.runs import write_bytes_atomic
 
 LS_FROM_NAME = "label"  # the <Choices name=...> of the Label Studio config we write
 LS_LOCAL_PREFIX = "/data/local-files/?d="
+LS_SKIP_REASON = "skipped in Label Studio"  # a cancelled (skipped) Label Studio annotation
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")  # what spreadsheets run as a formula
 MAX_SAMPLE_ID = 2**63 - 1  # SQLite's INTEGER
 
@@ -30,20 +31,23 @@ class LabelItem:
 
     Attributes:
         where: location in the file for error messages (``"row 4"``, ``"item 2"``).
-        label: the class NAME.
+        label: the class NAME, or ``None`` for a skip.
         sample_id: the store's sample id, or ``None`` when only ``path`` is given.
         path: a file path naming the sample (image projects), or ``None``.
         annotator: who labeled it (``None``: the importer's ``--annotator``).
         external_id: the user's own id of the sample (given with an unlabeled target's file
             list or feature file), used when neither ``sample_id`` nor ``path`` is given.
+        skip: why the sample is unusable (out of class, unreadable, ambiguous): a skip instead
+            of a label; ``None`` for a label.
     """
 
     where: str
-    label: str
+    label: str | None
     sample_id: int | None = None
     path: str | None = None
     annotator: str | None = None
     external_id: str | None = None
+    skip: str | None = None
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -99,21 +103,27 @@ def _text(value: Any, where: str, field: str) -> str | None:
 
 def _item(raw: dict[str, Any], where: str) -> LabelItem | None:
     label = _text(raw.get("label"), where, "label")
-    if label is None:
+    skip = _text(raw.get("skip"), where, "skip")
+    if label is None and skip is None:
         return None  # not answered (yet)
+    if label is not None and skip is not None:
+        raise ImportFileError(
+            f"{where}: gives both a label ({label!r}) and a skip reason ({skip!r}); keep one"
+        )
     sid = _sample_id(raw.get("sample_id"), where)
     path = _text(raw.get("path"), where, "path")
     ext = _text(raw.get("external_id"), where, "external_id")
     if sid is None and path is None and ext is None:
         raise ImportFileError(f"{where}: needs a sample_id, a path or an external_id")
     annotator = _text(raw.get("annotator"), where, "annotator")
-    return LabelItem(where, label, sid, path, annotator, ext)
+    return LabelItem(where, label, sid, path, annotator, ext, skip)
 
 
 def read_csv(text: str) -> list[LabelItem]:
     """CSV with a header: ``label`` and ``sample_id``, ``path`` and/or ``external_id``;
-    optional ``annotator``.
-    Other columns (scores, predictions) are ignored; rows with an empty label are skipped."""
+    optional ``annotator`` and ``skip`` (a reason: the sample is unusable, instead of a label).
+    Other columns (scores, predictions) are ignored; rows with neither a label nor a skip
+    reason are not answered yet."""
     reader = csv.DictReader(io.StringIO(text, newline=""))
     fields = reader.fieldnames or []
     if "label" not in fields or not ({"sample_id", "path", "external_id"} & set(fields)):
@@ -145,7 +155,7 @@ def _ls_annotator(ann: dict[str, Any]) -> str | None:
     return None if who is None else f"label-studio:{who}"
 
 
-def _read_label_studio(tasks: list[Any]) -> list[LabelItem]:
+def read_label_studio(tasks: list[Any]) -> list[LabelItem]:
     items = []
     for i, task in enumerate(tasks, start=1):
         where = f"task {i}"
@@ -156,8 +166,12 @@ def _read_label_studio(tasks: list[Any]) -> list[LabelItem]:
         if not isinstance(anns, list):
             raise ImportFileError(f"{where}: 'annotations' must be a list")
         answers: list[tuple[str, str | None]] = []
+        skipped_by: list[str | None] = []
         for ann in anns:
-            if not isinstance(ann, dict) or ann.get("was_cancelled"):
+            if not isinstance(ann, dict):
+                continue
+            if ann.get("was_cancelled"):
+                skipped_by.append(_ls_annotator(ann))
                 continue
             for res in ann.get("result") or []:
                 if not isinstance(res, dict) or res.get("type") != "choices":
@@ -167,7 +181,7 @@ def _read_label_studio(tasks: list[Any]) -> list[LabelItem]:
                 if not isinstance(choices, list) or len(choices) != 1:
                     raise ImportFileError(f"{where}: expected exactly one choice, got {choices!r}")
                 answers.append((str(choices[0]), _ls_annotator(ann)))
-        if not answers:
+        if not answers and not skipped_by:
             continue  # not annotated
         if len({a for a, _ in answers}) > 1:
             raise ImportFileError(
@@ -177,11 +191,14 @@ def _read_label_studio(tasks: list[Any]) -> list[LabelItem]:
         img = data.get("image")
         if path is None and isinstance(img, str) and img.startswith(LS_LOCAL_PREFIX):
             path = img[len(LS_LOCAL_PREFIX) :]
-        item = _item(
-            {"sample_id": data.get("sample_id"), "path": path, "label": answers[-1][0]}, where
-        )
+        fields: dict[str, Any] = {"sample_id": data.get("sample_id"), "path": path}
+        if answers:  # a label given by anyone outweighs another annotator's skip
+            fields["label"] = answers[-1][0]
+        else:
+            fields["skip"] = LS_SKIP_REASON
+        item = _item(fields, where)
         if item is not None:
-            item.annotator = answers[-1][1]
+            item.annotator = answers[-1][1] if answers else skipped_by[-1]
             items.append(item)
     return items
 
@@ -203,7 +220,7 @@ def read_json(text: str) -> tuple[str, list[LabelItem]]:
         and doc
         and all(isinstance(t, dict) and "annotations" in t for t in doc)
     ):
-        return "label-studio", _read_label_studio(doc)
+        return "label-studio", read_label_studio(doc)
     else:
         fmt = "json"
     if not isinstance(doc, list):
@@ -250,12 +267,13 @@ def read_label_file(path: Path) -> tuple[str, list[LabelItem], bytes]:
 
 # -- exports -----------------------------------------------------------------------------------
 def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
-    """The query batch as CSV, one sample a row, with an empty ``label`` column to fill."""
+    """The query batch as CSV, one sample a row: ``label``, ``annotator`` and ``skip`` hold
+    the answer in force (empty where the sample still awaits one)."""
     buf = io.StringIO(newline="")
     cols = ["sample_id", "external_id", "round", "rank", "domain", "index", "path"]
     cols += ["external_path", "predicted", "score", *score_names]
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow([*cols, "label", "annotator"])
+    w.writerow([*cols, "label", "annotator", "skip"])
     for r in rows:
         score = r.get("score")
         w.writerow(
@@ -271,8 +289,9 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
                 csv_safe(r["predicted"]),
                 "" if score is None else repr(float(score)),
                 *[repr(float(r["scores"][k])) for k in score_names],
-                "",
-                "",
+                csv_safe(r.get("label") or ""),
+                csv_safe(r.get("annotator") or ""),
+                csv_safe(r.get("skip") or ""),
             ]
         )
     return buf.getvalue()
@@ -341,8 +360,9 @@ def label_studio_config(classes: list[str], images: bool) -> str:
 
 def records_to_items(records: list[Any]) -> list[LabelItem]:
     """Label items from in-memory records (dicts, e.g. a DataFrame's ``to_dict("records")``)
-    with ``label`` and ``sample_id`` and/or ``path``; missing values (``None``, NaN, empty)
-    count as absent, so rows without a label are skipped like empty CSV cells."""
+    with ``label`` (or ``skip``: a reason) and ``sample_id`` and/or ``path``; missing values
+    (``None``, NaN, empty) count as absent, so rows without an answer are passed over like
+    empty CSV cells."""
     items = []
     for i, rec in enumerate(records, start=1):
         where = f"record {i}"

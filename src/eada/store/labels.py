@@ -34,6 +34,35 @@ class ImportValidationError(ValueError):
         super().__init__(f"{source}: {len(problems)} problem(s), nothing was imported:\n{text}")
 
 
+class LabelConflictError(ValueError):
+    """Labels that would replace another annotator's label without ``force``; nothing was
+    written. ``conflicts`` names each sample, both annotators and both answers."""
+
+    def __init__(self, source: str, conflicts: list[str]) -> None:
+        self.conflicts = conflicts
+        shown = conflicts[:MAX_ERRORS_SHOWN]
+        more = len(conflicts) - len(shown)
+        text = "\n".join(f"  - {p}" for p in shown) + (f"\n  ... and {more} more" if more else "")
+        super().__init__(
+            f"{source}: {len(conflicts)} label(s) would replace another annotator's label, "
+            f"nothing was imported:\n{text}\n"
+            "pass --force (Python: force=True) to replace them, or set `store.conflicts: "
+            "newest-wins` in the project config"
+        )
+
+
+def _answer(it: LabelItem, present: bool = False) -> str:
+    """``labels it 'bag'`` / ``skips it ('blurred')`` for messages."""
+    if it.skip is not None:
+        return f"skips it ({it.skip!r})" if present else f"skipped ({it.skip!r})"
+    return f"labels it {it.label!r}" if present else f"labeled {it.label!r}"
+
+
+def _where(conn: sqlite3.Connection, sid: int) -> str:
+    row = conn.execute("SELECT path FROM samples WHERE id = ?", (sid,)).fetchone()
+    return "" if row is None or row["path"] is None else f" ({row['path']})"
+
+
 class ProjectLabels(ProjectCheckpoints):
     """A project store's labels (see :class:`~eada.store.project.Project`)."""
 
@@ -47,22 +76,33 @@ class ProjectLabels(ProjectCheckpoints):
         return idx, lab
 
     def import_labels(
-        self, file: str | Path, annotator: str = "unknown", allow_unqueried: bool = False
+        self,
+        file: str | Path,
+        annotator: str = "unknown",
+        allow_unqueried: bool = False,
+        force: bool = False,
     ) -> dict[str, Any]:
         """Import a CSV/JSON/Label Studio label file: everything is validated first, then
         written in one transaction. A label differing from the one in force is a correction
-        (a new row superseding the old); an identical one changes nothing."""
+        (a new row superseding the old); an identical one changes nothing; a ``skip`` marks
+        the sample unusable (a later label undoes it). A correction of ANOTHER annotator's
+        label raises :class:`LabelConflictError` unless ``force`` (or ``store.conflicts:
+        newest-wins``)."""
         self.store.check_writable()
         if self.store.get_meta("mode") == "simulated":
             self._set_mode("human")  # raises: a simulated run takes no human labels
         path = Path(file)
         fmt, items, raw = read_label_file(path)
         return self._write_labels(
-            items, str(path), content_hash(raw), fmt, annotator, "human", allow_unqueried
+            items, str(path), content_hash(raw), fmt, annotator, "human", allow_unqueried, force
         )
 
     def import_records(
-        self, records: list[Any], annotator: str = "notebook", allow_unqueried: bool = False
+        self,
+        records: list[Any],
+        annotator: str = "notebook",
+        allow_unqueried: bool = False,
+        force: bool = False,
     ) -> dict[str, Any]:
         """Import labels from in-memory records (see :func:`eada.api.import_labels`), with
         the same validation and write as a file import."""
@@ -72,7 +112,14 @@ class ProjectLabels(ProjectCheckpoints):
         items = records_to_items(records)
         raw = json.dumps(records, sort_keys=True, default=str).encode()
         return self._write_labels(
-            items, "(records)", content_hash(raw), "records", annotator, "human", allow_unqueried
+            items,
+            "(records)",
+            content_hash(raw),
+            "records",
+            annotator,
+            "human",
+            allow_unqueried,
+            force,
         )
 
     def label_simulated(self) -> dict[str, Any]:
@@ -104,12 +151,13 @@ class ProjectLabels(ProjectCheckpoints):
         annotator: str,
         source: str,
         allow_unqueried: bool,
+        force: bool = False,
     ) -> dict[str, Any]:
         problems: list[str] = []
         conn = self.store.conn
         class_id = {n: i for i, n in enumerate(self.classes)}
         roots = self.store.roots()
-        chosen: dict[int, tuple[LabelItem, int]] = {}
+        chosen: dict[int, tuple[LabelItem, int | None]] = {}
         by_external = external_ids(conn) if any(it.external_id for it in items) else {}
         for it in items:
             sample = None
@@ -151,22 +199,25 @@ class ProjectLabels(ProjectCheckpoints):
                     "target samples take labels"
                 )
                 continue
-            if it.label not in class_id:
-                known = ", ".join(self.classes[:12]) + (" ..." if len(self.classes) > 12 else "")
-                problems.append(f"{it.where}: unknown class name {it.label!r} (known: {known})")
-                continue
-            k = class_id[it.label]
+            k: int | None = None
+            if it.label is not None:
+                if it.label not in class_id:
+                    known = ", ".join(self.classes[:12])
+                    known += " ..." if len(self.classes) > 12 else ""
+                    problems.append(f"{it.where}: unknown class name {it.label!r} (known: {known})")
+                    continue
+                k = class_id[it.label]
             prev = chosen.get(sample["id"])
-            if prev is not None and prev[1] != k:
+            if prev is not None and (prev[1], prev[0].skip) != (k, it.skip):
                 problems.append(
-                    f"{it.where}: sample {sample['id']} labeled {it.label!r} but {prev[0].where} "
-                    f"labels it {prev[0].label!r} (conflicting duplicates)"
+                    f"{it.where}: sample {sample['id']} {_answer(it)} but {prev[0].where} "
+                    f"{_answer(prev[0], present=True)} (conflicting duplicates)"
                 )
                 continue
             chosen[sample["id"]] = (it, k)
-        for sid, (it, _) in chosen.items():
+        for sid, (it, k) in chosen.items():
             s = conn.execute("SELECT * FROM samples WHERE id = ?", (sid,)).fetchone()
-            if s["path"] is not None:
+            if s["path"] is not None and k is not None:  # a skip may name an unreadable image
                 problems += self._check_file(s, it.where)
         if problems:
             raise ImportValidationError(source_name, problems)
@@ -193,28 +244,46 @@ class ProjectLabels(ProjectCheckpoints):
             ]
             if problems:
                 raise ImportValidationError(source_name, problems)
-            current = {r["sample_id"]: r for r in self.store.current_labels()}
+            current = {r["sample_id"]: r for r in self.store.answers()}
             changes = []
+            conflicts = []
+            n_skip = n_unskip = n_forced = 0
+            newest_wins = force or self.options.conflicts == "newest-wins"
             for sid, (it, k) in sorted(chosen.items()):
                 old = current.get(sid)
-                if old is not None and old["class_id"] == k:
+                who = it.annotator or annotator
+                if old is not None and old["class_id"] == k and old["skip_reason"] == it.skip:
                     n_same += 1
                     continue
-                if old is None:
+                if old is not None and old["class_id"] is not None and old["annotator"] != who:
+                    conflicts.append(
+                        f"{it.where}: sample {sid}{_where(conn, sid)} is labeled "
+                        f"{old['class_name']!r} by {old['annotator']}; {who} "
+                        f"{_answer(it, present=True)}"
+                    )
+                    n_forced += 1
+                if k is None:
+                    n_skip += 1
+                elif old is None:
                     n_new += 1
+                elif old["class_id"] is None:
+                    n_unskip += 1
                 else:
                     n_fix += 1
                 changes.append((sid, it, k, old))
+            if conflicts and not newest_wins:
+                raise LabelConflictError(source_name, conflicts)
             if changes:  # a file that changes nothing (re-imported, header only) leaves no trace
                 self._set_mode(source)
                 cur = c.execute(
                     "INSERT INTO imports (file, sha256, format, n_new, n_corrections, "
-                    "n_unchanged, created) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (source_name, sha, fmt, n_new, n_fix, n_same, stamp),
+                    "n_unchanged, created, n_skipped) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (source_name, sha, fmt, n_new + n_unskip, n_fix, n_same, stamp, n_skip),
                 )
                 c.executemany(
                     "INSERT INTO labels (sample_id, class_id, annotator, created, round_id, "
-                    "source, supersedes, import_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "source, supersedes, import_id, skip_reason) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [
                         (
                             sid,
@@ -225,6 +294,7 @@ class ProjectLabels(ProjectCheckpoints):
                             source,
                             None if old is None else old["id"],
                             cur.lastrowid,
+                            it.skip,
                         )
                         for sid, it, k, old in changes
                     ],
@@ -235,7 +305,10 @@ class ProjectLabels(ProjectCheckpoints):
             "format": fmt,
             "new": n_new,
             "corrections": n_fix,
+            "skipped": n_skip,
+            "unskipped": n_unskip,
             "unchanged": n_same,
+            "replaced_other_annotators": n_forced if conflicts else 0,
             "pending": len(self.pending()),
         }
 

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from eada.config import ExperimentConfig
+from eada.store import labelstudio
 from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import StoreOptions, absolute_config, resolved_config
@@ -133,11 +134,23 @@ class Project(ProjectRounds):
         task: already loaded domains (internal; otherwise loaded and checked on first use).
     """
 
-    def train(self, epochs: int | None = None, progress: Progress = None) -> dict[str, Any]:
+    def train(
+        self, epochs: int | None = None, progress: Progress = None, partial: bool = False
+    ) -> dict[str, Any]:
         """Train with every label in force: from the last checkpoint up to the next round's
         epoch (or the end of the schedule), or ``epochs`` more epochs. An interrupted training
-        segment continues from its last epoch checkpoint. Returns the segment's measurements."""
+        segment continues from its last epoch checkpoint. ``partial``: the last round still
+        awaits some answers; train with the labels it has so far up to the next round's epoch
+        (the rest stay pending). A store connected to Label Studio pulls its annotations
+        first. Returns the segment's measurements."""
         self.store.check_writable()
+        if labelstudio.connection(self) is not None:
+            got = labelstudio.pull(self)
+            if progress is not None:
+                progress(
+                    f"pulled from Label Studio: {got['new']} new, {got['corrections']} "
+                    f"corrections, {got['skipped']} skipped, {got['unchanged']} unchanged"
+                )
         ck = self.store.latest_checkpoint()
         e0 = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch" and epochs is None:
@@ -150,11 +163,30 @@ class Project(ProjectRounds):
             end = e0 + epochs
         else:
             action = self.next_action()
-            if action == "label":
+            rounds = self.store.rounds()
+            if action == "label" and not partial:
+                c = self.round_counts(rounds[-1]["id"])
                 raise StoreError(
-                    f"round {len(self.store.rounds())} awaits labels for {len(self.pending())} "
-                    "samples: import them with `eada label import FILE` (or pass --epochs N)"
+                    f"round {rounds[-1]['number']} awaits an answer for {c['pending']} of its "
+                    f"{c['selected']} samples ({c['labeled']} labeled, {c['skipped']} skipped): "
+                    "import labels or skips with `eada label import FILE` (a `skip` column "
+                    "marks a sample unusable), or pass --partial to train with the labels so "
+                    "far (or --epochs N)"
                 )
+            if action == "label":  # partial: train up to the round after the open one
+                plan = self.plan()
+                r = len(rounds) + 1
+                end = plan[r - 1]["epoch"] if r <= len(plan) else self.cfg.train.epochs
+                if end <= e0:
+                    c = self.round_counts(rounds[-1]["id"])
+                    raise StoreError(
+                        f"the model has trained {e0} epochs, as far as the schedule goes before "
+                        f"round {rounds[-1]['number']} is answered ({c['pending']} pending, "
+                        f"{c['labeled']} labeled, {c['skipped']} skipped): label or skip the "
+                        "pending samples (or pass --epochs N)"
+                    )
+                start_state = self.load_checkpoint(ck) if ck is not None else None
+                return self._train_segment(e0, end, start_state, resume=False, progress=progress)
             if action == "query":
                 raise StoreError(
                     f"the model has trained {e0} epochs, the schedule's next round is due: "
@@ -166,7 +198,7 @@ class Project(ProjectRounds):
                     "pass --epochs N to train more"
                 )
             plan = self.plan()
-            r = len(self.store.rounds()) + 1
+            r = len(rounds) + 1
             end = plan[r - 1]["epoch"] if r <= len(plan) else self.cfg.train.epochs
         start_state = self.load_checkpoint(ck) if ck is not None else None
         return self._train_segment(e0, end, start_state, resume=False, progress=progress)
@@ -272,26 +304,23 @@ class Project(ProjectRounds):
         n_target = len(self.store.samples("target"))
         rounds = []
         for r in self.store.rounds():
-            n_sel = conn.execute(
-                "SELECT COUNT(*) FROM round_samples WHERE round_id = ? AND rank IS NOT NULL",
-                (r["id"],),
-            ).fetchone()[0]
-            n_lab = conn.execute(
-                "SELECT COUNT(DISTINCT l.sample_id) FROM labels l JOIN round_samples rs ON "
-                "rs.sample_id = l.sample_id AND rs.round_id = ? AND rs.rank IS NOT NULL",
-                (r["id"],),
-            ).fetchone()[0]
             rounds.append(
                 {
                     "round": r["number"],
                     "epoch": r["epoch"],
                     "strategy": r["strategy"],
-                    "selected": n_sel,
-                    "labeled": n_lab,
-                    "pending": n_sel - n_lab,
+                    **self.round_counts(r["id"]),
                 }
             )
         labels = self.store.current_labels()
+        skips = self.store.current_skips()
+        by_reason: dict[str, int] = {}
+        for sk in skips:
+            by_reason[sk["skip_reason"]] = by_reason.get(sk["skip_reason"], 0) + 1
+        by_annotator: dict[str, dict[str, int]] = {}
+        for a in self.store.answers():
+            who = by_annotator.setdefault(a["annotator"], {"labeled": 0, "skipped": 0})
+            who["labeled" if a["class_id"] is not None else "skipped"] += 1
         n_fix = conn.execute("SELECT COUNT(*) FROM labels WHERE supersedes IS NOT NULL").fetchone()[
             0
         ]
@@ -312,6 +341,9 @@ class Project(ProjectRounds):
             "n_labeled": len(labels),
             "budget_spent_percent": 100.0 * len(labels) / n_target,
             "corrections": n_fix,
+            "n_skipped": len(skips),
+            "skipped_by_reason": dict(sorted(by_reason.items())),
+            "annotators": dict(sorted(by_annotator.items())),
             "by_source": {
                 s: sum(1 for r in labels if r["source"] == s) for s in ("human", "simulated")
             },
@@ -324,9 +356,9 @@ class Project(ProjectRounds):
 
     def export(self, out: str | Path, force: bool = False) -> dict[str, str]:
         """Write ``labels.csv`` (labels in force), ``labels_history.csv`` (every row,
-        corrections included), ``model.pt`` (the last checkpoint's model weights, a plain
-        ``state_dict``), ``model.json`` (config, classes, SHA-256 of ``model.pt``) and
-        ``predictions.csv``.
+        corrections and skips included: ``skip`` holds the reason), ``model.pt`` (the last
+        checkpoint's model weights, a plain ``state_dict``), ``model.json`` (config,
+        classes, SHA-256 of ``model.pt``) and ``predictions.csv``.
 
         Everything is read in ONE read transaction (:meth:`Store.snapshot`), so the files
         agree with each other whatever commits meanwhile, then written into a staging folder
@@ -352,14 +384,19 @@ class Project(ProjectRounds):
             "round",
             "created",
             "supersedes",
+            "skip",
         ]
         query = (
             "SELECT l.id AS label_id, l.sample_id, s.domain, s.position AS idx, s.path, "
-            "c.name, l.annotator, l.source, r.number AS round, l.created, l.supersedes "
-            "FROM labels l JOIN samples s ON s.id = l.sample_id JOIN classes c ON "
-            "c.id = l.class_id LEFT JOIN rounds r ON r.id = l.round_id {where} ORDER BY l.id"
+            "c.name, l.annotator, l.source, r.number AS round, l.created, l.supersedes, "
+            "l.skip_reason FROM labels l JOIN samples s ON s.id = l.sample_id LEFT JOIN "
+            "classes c ON c.id = l.class_id LEFT JOIN rounds r ON r.id = l.round_id {where} "
+            "ORDER BY l.id"
         )
-        current = "WHERE NOT EXISTS (SELECT 1 FROM labels n WHERE n.supersedes = l.id)"
+        current = (  # labels in force (skips are in the history, with their reason)
+            "WHERE NOT EXISTS (SELECT 1 FROM labels n WHERE n.supersedes = l.id) "
+            "AND l.class_id IS NOT NULL"
+        )
         files: dict[str, bytes] = {}
         with self.store.snapshot() as conn:
             for name, where in (("labels.csv", current), ("labels_history.csv", "")):

@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 import numpy as np
+import torch
 
+from eada.store import labelstudio
 from eada.store.checkpoints import crash_point
 from eada.store.db import StoreError, now
 from eada.store.labelfiles import (
@@ -41,7 +43,7 @@ class ProjectRounds(ProjectLabels):
                 "round": last["number"],
                 "reexported": True,
                 "files": paths,
-                "selected": len(self.store.selected(last["id"])),
+                **self.round_counts(last["id"]),
             }
         ck = self.store.latest_checkpoint()
         epoch = 0 if ck is None else ck["epoch"]
@@ -66,7 +68,8 @@ class ProjectRounds(ProjectLabels):
             trainer.load_state_dict(self.load_checkpoint(ck), progress=False)
         n_label_rows = self._n_label_rows()
         trainer.set_labels(*self._labels_tensor())
-        prop = trainer.propose(budget)
+        skipped = [r["position"] for r in self.store.current_skips()]
+        prop = trainer.propose(budget, exclude=torch.tensor(skipped, dtype=torch.long))
         crash_point("query:scored")
         target_ids = self._target_ids()
         pool = prop.pool_idx.tolist()
@@ -144,23 +147,52 @@ class ProjectRounds(ProjectLabels):
             )
             crash_point("query:before_commit")
         files = self.export_round(r) if export else {}
+        pushed_error = None
+        if labelstudio.connection(self) is not None:
+            try:
+                labelstudio.push_pending(self)
+            except labelstudio.LabelStudioError as err:  # the round stands; push it later
+                pushed_error = str(err)
         return {
             "round": r,
             "reexported": False,
+            "labelstudio_error": pushed_error,
             "files": files,
             "selected": budget,
             "pool": len(pool),
             "epoch": epoch,
         }
 
-    def export_round(self, number: int) -> dict[str, str]:
-        """Write round ``number``'s batch as CSV, JSON and Label Studio tasks (+ config)."""
+    def round_counts(self, round_id: int) -> dict[str, int]:
+        """A round's ``selected`` samples and how many are ``labeled``, ``skipped`` (marked
+        unusable) and ``pending`` (no answer yet)."""
+        n_sel = n_lab = n_skip = 0
+        answers = {a["sample_id"]: a for a in self.store.answers()}
+        for s in self.store.selected(round_id):
+            n_sel += 1
+            ans = answers.get(s["sample_id"])
+            if ans is not None:
+                n_lab += ans["class_id"] is not None
+                n_skip += ans["class_id"] is None
+        return {
+            "selected": n_sel,
+            "labeled": n_lab,
+            "skipped": n_skip,
+            "pending": n_sel - n_lab - n_skip,
+        }
+
+    def round_rows(self, number: int) -> list[dict[str, Any]]:
+        """Round ``number``'s selected samples in rank order: ids, path, the model's class and
+        score, the strategy's scores and the answer in force (``label``, ``annotator``,
+        ``skip``)."""
         rnd = self.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
         if rnd is None:
             raise StoreError(f"no round {number} in this project")
         rows = []
         extra = round_rows_extra(self.store.conn)
+        answers = {a["sample_id"]: a for a in self.store.answers()}
         for s in self.store.selected(rnd["id"]):
+            ans = answers.get(s["sample_id"])
             sc = json.loads(s["scores"])
             pred = sc.pop("predicted")
             rows.append(
@@ -175,8 +207,17 @@ class ProjectRounds(ProjectLabels):
                     "path": s["path"],
                     "predicted": pred,
                     "scores": sc,
+                    "label": None if ans is None else ans["class_name"],
+                    "annotator": None if ans is None else ans["annotator"],
+                    "skip": None if ans is None else ans["skip_reason"],
                 }
             )
+        return rows
+
+    def export_round(self, number: int) -> dict[str, str]:
+        """Write round ``number``'s batch as CSV, JSON and Label Studio tasks (+ config)."""
+        rows = self.round_rows(number)
+        rnd = self.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
         score_names = list(rows[0]["scores"]) if rows else []
         out = self.folder / "exports"
         out.mkdir(exist_ok=True)
@@ -193,7 +234,7 @@ class ProjectRounds(ProjectLabels):
             "strategy": rnd["strategy"],
             "epoch": rnd["epoch"],
             "classes": self.classes,
-            "samples": [{**r, "label": None, "annotator": None} for r in rows],
+            "samples": rows,
         }
         root = label_studio_root(self.store.roots(), self.options.label_studio_root)
         roots = [] if root is None else [root]

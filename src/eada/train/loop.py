@@ -549,13 +549,19 @@ class ActiveDATrainer:
         return max(self.source_stream.batches_per_pass, self.unlabeled_stream.batches_per_pass)
 
     # -- selection --------------------------------------------------------------------------
-    def propose(self, budget: int) -> Proposal:
+    def propose(self, budget: int, exclude: torch.Tensor | None = None) -> Proposal:
         """Score the unlabeled pool with the current model and let the strategy choose
         ``budget`` samples; asks no labels. The one selection path: simulated rounds
-        (:meth:`select_round`) and human rounds (``eada query``) both call it."""
+        (:meth:`select_round`) and human rounds (``eada query``) both call it. ``exclude``:
+        target positions kept out of the pool although unlabeled (samples a human marked
+        unusable)."""
         a = self.cfg.active
         spec = get_strategy(a.strategy)
-        pool_idx = torch.nonzero(~self.labeled_mask).squeeze(1)
+        in_pool = ~self.labeled_mask
+        if exclude is not None and len(exclude):
+            in_pool = in_pool.clone()
+            in_pool[torch.as_tensor(exclude, dtype=torch.long)] = False
+        pool_idx = torch.nonzero(in_pool).squeeze(1)
         t0 = time.perf_counter()
         needs = tuple(spec.needs)
         if self.aux is not None and "embeddings" not in needs:

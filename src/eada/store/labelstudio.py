@@ -1,0 +1,373 @@
+"""A live Label Studio connection through its REST API (plain HTTP with the standard library:
+no SDK and none of its version pins in eada's environment).
+
+* :func:`connect` links a project store to a Label Studio project: it creates the project (or
+  checks a given one) with the labeling config of the store's classes, and the Local Files
+  storage that lets Label Studio serve the images (``/data/local-files/?d=...``);
+* :func:`push_round` sends a query round as tasks: the image, the EADA scores as task data, and
+  the model's predicted class with its score as a pre-annotation;
+* :func:`pull` imports the submitted annotations (annotator = the Label Studio user's e-mail)
+  and the skipped tasks as skips, through the store's one label write.
+
+The connection (URL, project id, storages, pushed rounds) is kept in the store's ``meta``
+table under ``labelstudio``; the access token never is: it is read from
+``$LABEL_STUDIO_API_KEY`` each time. Both Label Studio token kinds work: a personal access
+token (a JWT refresh token, exchanged for a short-lived access token) and a legacy API token.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from eada.store.labelfiles import LS_FROM_NAME, label_studio_config, label_studio_tasks
+from eada.store.roots import NO_DOCUMENT_ROOT, label_studio_root
+
+TOKEN_ENV = "LABEL_STUDIO_API_KEY"
+META_KEY = "labelstudio"
+
+
+class LabelStudioError(ValueError):
+    """Label Studio could not be reached, refused a request, or does not fit the store."""
+
+
+def _is_jwt(token: str) -> bool:
+    parts = token.split(".")
+    if len(parts) != 3:
+        return False
+    try:
+        head = json.loads(base64.urlsafe_b64decode(parts[0] + "=" * (-len(parts[0]) % 4)))
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(head, dict) and "alg" in head
+
+
+class LabelStudioClient:
+    """A minimal Label Studio REST client.
+
+    Args:
+        url: the server, e.g. ``http://127.0.0.1:8080``.
+        token: a personal access token (JWT refresh token) or a legacy API token; default
+            ``$LABEL_STUDIO_API_KEY``.
+        timeout: seconds to wait for one request.
+
+    Raises:
+        LabelStudioError: no token given and ``$LABEL_STUDIO_API_KEY`` unset.
+    """
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        if not token:
+            raise LabelStudioError(
+                f"set ${TOKEN_ENV} to a Label Studio access token (Account & Settings: a "
+                "personal access token, or the legacy token where the organization allows it)"
+            )
+        self.token = token.strip()
+        self.timeout = timeout
+        self._access: str | None = None
+
+    def _auth(self, renew: bool = False) -> str:
+        if not _is_jwt(self.token):
+            return f"Token {self.token}"
+        if self._access is None or renew:
+            out = self._send("POST", "/api/token/refresh/", {"refresh": self.token}, auth=None)
+            if not isinstance(out, dict) or "access" not in out:
+                raise LabelStudioError(f"{self.url}: the token refresh returned no access token")
+            self._access = str(out["access"])
+        return f"Bearer {self._access}"
+
+    def request(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
+        """One API call; returns the decoded JSON (``None`` for an empty answer).
+
+        Raises:
+            LabelStudioError: the server is unreachable or answers an HTTP error (named with
+                the method, the path, the status and the start of the server's message).
+        """
+        if params:
+            path = f"{path}?{urllib.parse.urlencode(params)}"
+        try:
+            return self._send(method, path, body, self._auth())
+        except _Unauthorized:
+            return self._send(method, path, body, self._auth(renew=True))  # access expired
+
+    def _send(self, method: str, path: str, body: Any, auth: str | None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        if auth is not None:
+            req.add_header("Authorization", auth)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as err:
+            text = err.read().decode("utf-8", "replace")[:400]
+            if err.code == 401 and auth is not None and auth.startswith("Bearer "):
+                raise _Unauthorized() from None
+            hint = ""
+            if err.code in (401, 403):
+                hint = f" (check ${TOKEN_ENV}: the token was refused)"
+            raise LabelStudioError(
+                f"Label Studio {method} {self.url}{path}: HTTP {err.code}{hint}: {text}"
+            ) from None
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise LabelStudioError(
+                f"cannot reach Label Studio at {self.url} ({reason}); is it running there?"
+            ) from None
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise LabelStudioError(
+                f"Label Studio {method} {self.url}{path}: the answer is not JSON"
+            ) from None
+
+
+class _Unauthorized(Exception):
+    """An expired access token (internal: renewed once)."""
+
+
+def connection(project: Any) -> dict[str, Any] | None:
+    """The store's recorded Label Studio connection, or ``None`` when it has none."""
+    raw = project.store.get_json(META_KEY)
+    return raw if isinstance(raw, dict) else None
+
+
+def client_for(project: Any, token: str | None = None) -> LabelStudioClient:
+    """A client for the store's recorded connection.
+
+    Raises:
+        LabelStudioError: the store is not connected.
+    """
+    conn = connection(project)
+    if conn is None:
+        raise LabelStudioError(
+            f"the project {project.folder} is not connected to Label Studio: run "
+            f"`eada labelstudio connect --store {project.folder} --url URL` first"
+        )
+    return LabelStudioClient(conn["url"], token)
+
+
+def _document_root(project: Any) -> Path:
+    """The folder Label Studio serves the project's files from (``store.label_studio_root``
+    or the deepest folder holding every data root).
+
+    Raises:
+        LabelStudioError: no safe single folder (it would be ``/`` or a parent of a home
+            folder): the message says to set ``store.label_studio_root``.
+    """
+    root = label_studio_root(project.store.roots(), project.options.label_studio_root)
+    if root is None:
+        raise LabelStudioError(NO_DOCUMENT_ROOT)
+    return root
+
+
+def _storage_folder(project: Any, root: Path) -> Path:
+    """The folder the Local Files storage names: the deepest folder holding every queried-to-be
+    target file (Label Studio refuses the document root itself)."""
+    paths = [r["path"] for r in project.store.samples("target") if r["path"]]
+    if not paths:
+        raise LabelStudioError(
+            "the target has no image files (feature rows): Label Studio has nothing to show; "
+            "use the exported round-NNN.labelstudio.json with its text stand-ins instead"
+        )
+    folder = Path(os.path.commonpath([str(Path(p).parent) for p in paths]))
+    if folder == root or root not in folder.parents:
+        raise LabelStudioError(
+            f"the target images lie in {folder}, which must be a subfolder of the Label Studio "
+            f"document root {root}: set `store.label_studio_root` in the project config to a "
+            "folder above it, and start Label Studio with that folder as "
+            "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT"
+        )
+    return folder
+
+
+def connect(
+    project: Any,
+    url: str,
+    project_id: int | None = None,
+    title: str | None = None,
+    token: str | None = None,
+) -> dict[str, Any]:
+    """Link ``project`` to a Label Studio project and push its rounds.
+
+    Creates the Label Studio project (or uses ``project_id``, whose labeling config must offer
+    every class of the store as a choice of the ``label`` control), adds a Local Files storage
+    over the target images (Label Studio must run with
+    ``LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED=true`` and
+    ``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT`` = the store's document root), records the
+    connection and pushes every round not pushed yet.
+
+    Connecting a connected store again to the same server and project only pushes the rounds
+    not pushed yet (no task is sent twice).
+
+    Returns:
+        ``{"url", "project", "storage", "document_root", "pushed": [round numbers pushed]}``.
+
+    Raises:
+        LabelStudioError: Label Studio unreachable, the token refused, a given project whose
+            config lacks classes, or a storage Label Studio refuses (its reason is quoted).
+    """
+    project.store.check_writable()
+    client = LabelStudioClient(url, token)
+    old = connection(project)
+    if old is not None and old["url"] == client.url and project_id in (None, old["project"]):
+        client.request("GET", f"/api/projects/{old['project']}/")  # still there, token valid
+        pushed = [push_round(project, n, client) for n in _unpushed(project)]
+        return {**old, "pushed": pushed}
+    root = _document_root(project)
+    images = any(r["path"] for r in project.store.samples("target"))
+    folder = _storage_folder(project, root) if images else None
+    config = label_studio_config(project.classes, images)
+    if project_id is None:
+        made = client.request(
+            "POST",
+            "/api/projects/",
+            {"title": title or f"eada {project.folder.name}", "label_config": config},
+        )
+        project_id = int(made["id"])
+    else:
+        got = client.request("GET", f"/api/projects/{project_id}/")
+        have = str(got.get("label_config", ""))
+        missing = [c for c in project.classes if f'"{c}"' not in have and f"'{c}'" not in have]
+        if f'name="{LS_FROM_NAME}"' not in have or missing:
+            raise LabelStudioError(
+                f"Label Studio project {project_id} does not label with a Choices control "
+                f"named {LS_FROM_NAME!r} offering every class (missing: {missing[:8]}); use "
+                f"{project.folder / 'exports' / 'labelstudio-config.xml'} as its labeling config"
+                " or let `eada labelstudio connect` create the project"
+            )
+    storage_id = None
+    if folder is not None:
+        st = client.request(
+            "POST",
+            "/api/storages/localfiles/",
+            {
+                "project": project_id,
+                "title": "eada target images",
+                "path": str(folder),
+                "use_blob_urls": False,
+            },
+        )
+        storage_id = int(st["id"])
+    conn = {
+        "url": client.url,
+        "project": project_id,
+        "storage": storage_id,
+        "document_root": str(root),
+        "pushed": [],
+    }
+    with project.store.transaction():
+        project.store.set_meta(META_KEY, json.dumps(conn))
+    pushed = [push_round(project, n, client) for n in _unpushed(project)]
+    return {**conn, "pushed": pushed}
+
+
+def _unpushed(project: Any) -> list[int]:
+    conn = connection(project) or {}
+    done = set(conn.get("pushed", []))
+    return [r["number"] for r in project.store.rounds() if r["number"] not in done]
+
+
+def push_round(project: Any, number: int, client: LabelStudioClient | None = None) -> int:
+    """Send round ``number`` to the connected Label Studio project as tasks (image, EADA
+    scores as task data, the model's class and score as a pre-annotation); recorded so that a
+    round is pushed once. Returns ``number``."""
+    conn = connection(project)
+    client = client or client_for(project)
+    assert conn is not None
+    rnd = project.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
+    if rnd is None:
+        raise LabelStudioError(f"no round {number} in {project.folder}")
+    rows = project.round_rows(number)
+    root = _document_root(project)
+    tasks = label_studio_tasks(rows, [root], number)
+    client.request("POST", f"/api/projects/{conn['project']}/import", tasks)
+    with project.store.transaction():
+        now_conn = connection(project) or conn
+        now_conn["pushed"] = sorted({*now_conn.get("pushed", []), number})
+        project.store.set_meta(META_KEY, json.dumps(now_conn))
+    return number
+
+
+def push_pending(project: Any) -> list[int]:
+    """Push every round of a connected store that Label Studio has not received yet."""
+    if connection(project) is None:
+        return []
+    client = client_for(project)
+    return [push_round(project, n, client) for n in _unpushed(project)]
+
+
+def fetch_tasks(project: Any, client: LabelStudioClient | None = None) -> list[dict[str, Any]]:
+    """Every task of the connected project with its annotations (Label Studio's JSON export),
+    ``completed_by`` resolved to the user's e-mail."""
+    conn = connection(project)
+    client = client or client_for(project)
+    assert conn is not None
+    tasks = client.request(
+        "GET",
+        f"/api/projects/{conn['project']}/export",
+        params={"exportType": "JSON", "download_all_tasks": "true"},
+    )
+    if not isinstance(tasks, list):
+        raise LabelStudioError(f"{client.url}: the export of project {conn['project']} is no list")
+    users: dict[int, str] = {}
+    listed = client.request("GET", "/api/users/")
+    for u in listed if isinstance(listed, list) else []:
+        if isinstance(u, dict) and "id" in u:
+            users[int(u["id"])] = str(u.get("email") or u.get("username") or u["id"])
+    for t in tasks:
+        for ann in t.get("annotations") or []:
+            who = ann.get("completed_by")
+            if isinstance(who, int):
+                ann["completed_by"] = {"id": who, "email": users.get(who, str(who))}
+    return tasks
+
+
+def pull(project: Any, force: bool = False, token: str | None = None) -> dict[str, Any]:
+    """Import the connected Label Studio project's submitted annotations (the annotator's
+    e-mail as ``label-studio:EMAIL``) and skipped tasks (as skips), validated and written
+    like a file import. Re-pulling unchanged annotations changes nothing.
+
+    Raises:
+        LabelStudioError: not connected, Label Studio unreachable or the token refused.
+        LabelConflictError: an annotation would replace another annotator's label and
+            ``force`` is off (nothing written).
+    """
+    from eada.store.labelfiles import ImportFileError, read_label_studio
+
+    client = client_for(project, token)
+    conn = connection(project)
+    assert conn is not None
+    tasks = fetch_tasks(project, client)
+    try:
+        items = read_label_studio(tasks)
+    except ImportFileError as err:
+        raise LabelStudioError(f"{client.url} project {conn['project']}: {err}") from None
+    raw = json.dumps(tasks, sort_keys=True, default=str).encode()
+    project.store.check_writable()
+    if project.store.get_meta("mode") == "simulated":
+        project._set_mode("human")  # raises: a simulated run takes no human labels
+    return project._write_labels(
+        items,
+        f"{client.url}/projects/{conn['project']}",
+        hashlib.sha256(raw).hexdigest(),
+        "label-studio-live",
+        "label-studio",
+        "human",
+        False,
+        force,
+    )
