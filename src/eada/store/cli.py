@@ -2,7 +2,8 @@
 
 eada init --store DIR (--preset NAME [--method M] | --config FILE.yaml
                        | --source-dir D --target-dir D) [--seed S] [--set k=v ...] [--root DIR ...]
-eada query --store DIR [--budget N]            score the pool, select, export CSV/JSON/Label Studio
+                       [--threads N]
+eada query --store DIR [--budget N] [--threads N]            score the pool, select, export CSV/JSON/Label Studio
 eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried]
 eada train --store DIR [--epochs N] [--simulate]
 eada status --store DIR [--json]
@@ -213,11 +214,19 @@ def add_store_commands(sub: Any) -> None:
         default=[],
         help="another data root that import paths may point into (repeatable)",
     )
+    from eada.threads import add_threads_argument
+
+    add_threads_argument(  # eada.cli.main applies it
+        p,
+        "threads of the first feature extraction (ONNX Runtime or torch) and of any training "
+        "init does (default: OMP_NUM_THREADS if set, else all cores)",
+    )
     p.set_defaults(func=_cmd_init)
 
     p = sub.add_parser("query", help="score the unlabeled pool, select a batch, export it")
     store_arg(p)
     p.add_argument("--budget", type=int, default=None, help="override the planned batch size")
+    add_threads_argument(p)
     p.set_defaults(func=_cmd_query)
 
     lab = sub.add_parser("label", help="label files")
@@ -248,8 +257,6 @@ def add_store_commands(sub: Any) -> None:
         action="store_true",
         help="run the whole schedule with a simulated oracle (resumable)",
     )
-    from eada.threads import add_threads_argument
-
     add_threads_argument(p)
     p.set_defaults(func=_cmd_train)
 
