@@ -135,7 +135,8 @@ def export_key(module: nn.Module, input_shape: tuple[int, ...]) -> str:
     for name, t in module.state_dict().items():
         t = t.detach().cpu().contiguous()
         h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():  # a 0-d tensor (a BatchNorm's counter) cannot be viewed as bytes
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
