@@ -3,7 +3,8 @@
 eada init --store DIR (--preset NAME [--method M] | --config FILE.yaml
                        | --source-dir D --target-dir D) [--seed S] [--set k=v ...] [--root DIR ...]
                        [--threads N]
-eada query --store DIR [--budget N] [--threads N]            score the pool, select, export CSV/JSON/Label Studio
+eada query --store DIR [--budget N] [--threads N]
+                                               score the pool, select, export CSV/JSON/Label Studio
 eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried]
 eada train --store DIR [--epochs N] [--simulate]
 eada status --store DIR [--json]
