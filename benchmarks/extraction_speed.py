@@ -66,8 +66,15 @@ def passes(run: Run, x: torch.Tensor, batch: int) -> tuple[torch.Tensor, float]:
     return out, time.perf_counter() - t0
 
 
-def engines(module: torch.nn.Module, threads: int, cache: Path, shape: tuple[int, ...]) -> dict:
-    """``{name: (run, setup seconds)}`` of every engine that builds here (errors as strings)."""
+def engines(
+    module: torch.nn.Module,
+    threads: int,
+    cache: Path,
+    shape: tuple[int, ...],
+    skip: tuple[str, ...] = (),
+) -> dict:
+    """``{name: (run, setup seconds)}`` of every engine that builds here (errors as strings),
+    but those in ``skip`` (``torch_compile``, ``openvino``)."""
     from eada.models.engines import onnx_engine
 
     out: dict[str, Any] = {}
@@ -80,6 +87,8 @@ def engines(module: torch.nn.Module, threads: int, cache: Path, shape: tuple[int
     )
     t0 = time.perf_counter()
     try:
+        if "torch_compile" in skip:
+            raise RuntimeError("skipped (--skip)")
         comp = torch.compile(copy.deepcopy(module).eval())
         with torch.no_grad():
             comp(torch.zeros(16, *shape))  # compile now: the setup, not a timed pass
@@ -98,6 +107,8 @@ def engines(module: torch.nn.Module, threads: int, cache: Path, shape: tuple[int
     try:
         import openvino as ov
 
+        if "openvino" in skip:
+            raise RuntimeError("skipped (--skip)")
         if onnx_file is None:
             raise RuntimeError("no ONNX export to read")
         cm = ov.Core().compile_model(
@@ -127,7 +138,7 @@ def model_only(module: torch.nn.Module, x: torch.Tensor, args: Any, cache: Path)
     result: dict[str, Any] = {}
     for n in args.threads:
         torch.set_num_threads(n)
-        built = engines(module, n, cache, tuple(x.shape[1:]))
+        built = engines(module, n, cache, tuple(x.shape[1:]), tuple(args.skip))
         ok = {k: v for k, v in built.items() if not isinstance(v, str)}
         ref, _ = passes(ok["eager"][0], x, args.batch)
         rows: dict[str, Any] = {k: {"error": v} for k, v in built.items() if isinstance(v, str)}
@@ -207,6 +218,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds, model only")
     p.add_argument("--e2e-rounds", type=int, default=2, help="rounds of the end-to-end part")
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["torch_compile", "openvino"],
+        help="leave an engine out (repeatable; torch.compile takes minutes to compile)",
+    )
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/extraction_speed.json"))
     args = p.parse_args()
     args.threads = [int(t) for t in args.threads.split(",")]
