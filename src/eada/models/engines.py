@@ -4,8 +4,9 @@ A frozen backbone only ever runs forward, once per image, so it can run on an en
 eager PyTorch. :func:`feature_engine` picks one:
 
 * ``onnxruntime`` (the optional extra ``pip install 'eada[fast]'``): the backbone exported once to
-  ONNX and run by ONNX Runtime's CPU provider, about 4x eager PyTorch per core on
-  EfficientNet-Lite0 (BENCHMARKS.md, "Frozen feature extraction speed"). The export is cached
+  ONNX and run by ONNX Runtime's CPU provider, the fastest exact engine measured on
+  EfficientNet-Lite0: 3-6x eager PyTorch per core for the model alone on a shared machine
+  (BENCHMARKS.md, "Frozen feature extraction speed"). The export is cached
   under ``<cache_dir>/onnx/<key>.onnx``; the key hashes the backbone's architecture (its module
   tree), EVERY weight tensor, the input shape and the torch version, so other weights or another
   backbone never reuse it. Each time a session is opened, its features on a fixed random batch are
@@ -255,7 +256,7 @@ def feature_engine(
         if note is not None:
             note(
                 "note: onnxruntime is not installed, so features are extracted with eager "
-                "PyTorch (pip install 'eada[fast]' for about 4x the speed)"
+                "PyTorch (pip install 'eada[fast]' for a faster first extraction)"
             )
         out = torch_engine(module, dev)
         out.info["fallback"] = "onnxruntime not installed"
