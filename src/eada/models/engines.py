@@ -5,7 +5,7 @@ eager PyTorch. :func:`feature_engine` picks one:
 
 * ``onnxruntime`` (the optional extra ``pip install 'eada[fast]'``): the backbone exported once to
   ONNX and run by ONNX Runtime's CPU provider, the fastest exact engine measured on
-  EfficientNet-Lite0: 3-6x eager PyTorch per core for the model alone on a shared machine
+  EfficientNet-Lite0: 2.6-6x eager PyTorch per core for the model alone on a shared machine
   (BENCHMARKS.md, "Frozen feature extraction speed"). The export is cached
   under ``<cache_dir>/onnx/<key>.onnx``; the key hashes the backbone's architecture (its module
   tree), EVERY weight tensor, the input shape and the torch version, so other weights or another
