@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,images,features]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,images,features,fast]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -81,3 +81,58 @@ def iterate_items(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tupl
 def chunks(indices: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
     """``indices`` cut into consecutive batches of at most ``batch_size``."""
     return [indices[s : s + batch_size] for s in range(0, len(indices), batch_size)]
+
+
+def iterate_items_threaded(
+    domain: Any,
+    batches: Sequence[torch.Tensor],
+    threads: int = 1,
+    on_batch: BatchCallback | None = None,
+    ahead: int = 2,
+) -> Iterator[tuple[Any, Any]]:
+    """:func:`iterate_items` with each sample read (an image decoded and transformed) in a pool
+    of ``threads`` threads, up to ``ahead`` batches before the one the caller works on, so the
+    main thread only collates and runs the model (PIL and torch release the GIL while they
+    decode, resize and normalise). ``on_batch(done, total)`` after each batch. A
+    :class:`~eada.data.base.TensorDomain` is sliced as by :func:`iterate_items`. An error of a
+    sample's read is raised here, in batch order.
+
+    >>> d = TensorDomain("d", torch.arange(6.0).view(6, 1), torch.zeros(6))
+    >>> [x.flatten().tolist() for x, _ in iterate_items_threaded(d, chunks(torch.arange(5), 3))]
+    [[0.0, 1.0, 2.0], [3.0, 4.0]]
+    """
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from torch.utils.data import default_collate
+
+    total = len(batches)
+    if isinstance(domain, TensorDomain):
+        for i, b in enumerate(batches):
+            yield domain.x[b], domain.y[b]
+            if on_batch is not None:
+                on_batch(i + 1, total)
+        return
+    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="eada-decode")
+    pending: deque[list[Future[Any]]] = deque()
+    todo = iter(batches)
+
+    def submit() -> None:
+        b = next(todo, None)
+        if b is not None:
+            pending.append([pool.submit(domain.__getitem__, int(i)) for i in b])
+
+    try:
+        for _ in range(max(1, ahead)):
+            submit()
+        done = 0
+        while pending:
+            futures = pending.popleft()
+            submit()
+            x, second = default_collate([f.result() for f in futures])
+            yield x, second
+            done += 1
+            if on_batch is not None:
+                on_batch(done, total)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

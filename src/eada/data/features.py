@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from eada.data.base import TensorDomain
+from eada.models.engines import EngineName, FeatureEngine, feature_engine
 from eada.runs import tmp_name
 
 FEATURE_KEYS = ("features", "fts", "feas", "feats", "x", "X", "data")
@@ -290,21 +291,29 @@ def extract_features(
     device: torch.device | str = "cpu",
     reasons: list[str] | None = None,
     what: str = "extracting features",
+    cache_dir: Path | None = None,
+    engine: EngineName = "auto",
+    record: dict[str, Any] | None = None,
 ) -> torch.Tensor:
     """Features ``(N, D)`` of every sample of ``domain`` (eval mode, in order).
 
-    Conv nets run in ``channels_last`` memory format (faster on CPU and GPU); on CUDA under
-    bfloat16 autocast, the output cast back to float32. ``reasons``: receives the second field
-    of every sample in order (a :class:`~eada.data.images.DecodeChecked` domain's decode
-    failures). ``what`` names the pass in the progress bar and the plain log lines.
+    The backbone runs on the engine :func:`eada.models.engines.feature_engine` picks: ONNX
+    Runtime on the CPU when installed (its export cached under ``cache_dir/onnx``; without a
+    ``cache_dir``, or without the extra, eager PyTorch in ``channels_last``; on CUDA under
+    bfloat16 autocast), with the process's torch thread count. Images are decoded off the main
+    thread, in a pool of ``domain.workers`` threads (at least one) that reads ahead of the
+    engine (:func:`eada.data.batches.iterate_items_threaded`).
+
+    ``reasons``: receives the second field of every sample in order (a
+    :class:`~eada.data.images.DecodeChecked` domain's decode failures). ``what`` names the pass
+    in the progress bar and the plain log lines. ``record``: receives the engine's record
+    (:meth:`~eada.models.engines.FeatureEngine.record`) and the decoding threads.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from eada.data.batches import chunks, iterate_items, report_batches
+    from eada.data.batches import chunks, iterate_items_threaded
 
-    dev = torch.device(device)
-    backbone = backbone.to(dev).to(memory_format=torch.channels_last).eval()
     out = []
     console = Console(stderr=True)
     # a bar with ETA on a terminal; plain lines (every 10% or 30 s) when stderr is not one
@@ -326,13 +335,18 @@ def extract_features(
         if plain is not None:
             plain.update(min(len(domain), done * batch_size))
 
-    with bar, report_batches(on_batch):
-        for x, second in iterate_items(domain, chunks(torch.arange(len(domain)), batch_size)):
+    decode = max(1, int(getattr(domain, "workers", 0) or 0))
+    run: FeatureEngine | None = None
+    batches = chunks(torch.arange(len(domain)), batch_size)
+    with bar:
+        for x, second in iterate_items_threaded(domain, batches, decode, on_batch):
             if reasons is not None:
                 reasons.extend(second)
-            x = x.to(dev, non_blocking=True).contiguous(memory_format=torch.channels_last)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-                out.append(backbone(x).float().cpu())
+            if run is None:  # the input shape is known now
+                run = feature_engine(backbone, tuple(x.shape[1:]), cache_dir, device, engine)
+                if record is not None:
+                    record.update(run.record(), decode_threads=decode)
+            out.append(run(x))
     return torch.cat(out)
 
 
@@ -344,18 +358,32 @@ def cached_features(
     batch_size: int = 64,
     device: torch.device | str = "cpu",
     what: str = "extracting features",
+    engine: EngineName = "auto",
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """:func:`extract_features`, read from ``cache_dir/<key>.pt`` when there (saved after
-    a miss). Returns the features and ``{"cache": "hit"|"miss", "file", "seconds"}``."""
+    a miss; the ONNX export lives under ``cache_dir/onnx``). Returns the features and
+    ``{"cache": "hit"|"miss", "file", "seconds"}`` plus, after a miss, the engine's record
+    (``engine``, ``threads``, ``decode_threads``, ...)."""
     f = cache_dir / f"{key}.pt"
     t0 = time.perf_counter()
     if f.is_file():
         feats = torch.load(f, map_location="cpu", weights_only=True)
         if isinstance(feats, torch.Tensor) and feats.shape[0] == len(domain):
             return feats, {"cache": "hit", "file": str(f), "seconds": time.perf_counter() - t0}
-    feats = extract_features(backbone, domain, batch_size, device, what=what)
+    used: dict[str, Any] = {}
+    feats = extract_features(
+        backbone,
+        domain,
+        batch_size,
+        device,
+        what=what,
+        cache_dir=cache_dir,
+        engine=engine,
+        record=used,
+    )
     save_cached_features(cache_dir, key, feats)
-    return feats, {"cache": "miss", "file": str(f), "seconds": time.perf_counter() - t0}
+    info = {"cache": "miss", "file": str(f), "seconds": time.perf_counter() - t0}
+    return feats, {**info, **used}
 
 
 def save_cached_features(cache_dir: Path, key: str, feats: torch.Tensor) -> Path:

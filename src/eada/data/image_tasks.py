@@ -250,6 +250,7 @@ class FeatureCheck:
         if self.progress is not None:
             self.progress(f"{what} ...")
         reasons: list[str] = []
+        used: dict[str, Any] = {}
         feats = extract_features(
             self.backbone.module,
             DecodeChecked(self.domain(images)),
@@ -257,6 +258,8 @@ class FeatureCheck:
             self.device,
             reasons,
             f"extracting features of the {role} domain {images.name!r}",
+            cache_dir=cache,
+            record=used,
         )
         bad = {p: r for p, r in zip(images.paths, reasons, strict=True) if r}
         kept = images
@@ -265,10 +268,10 @@ class FeatureCheck:
             feats = feats[[i for i, r in enumerate(reasons) if not r]]
             write_json(known, {str(p): r for p, r in bad.items()})  # atomic, per process
         saved = save_cached_features(cache, self.key(kept), feats) if kept.paths else None
-        info = {"cache": "miss", "file": str(saved), "seconds": time.perf_counter() - t0}
+        info = {"cache": "miss", "file": str(saved), "seconds": time.perf_counter() - t0, **used}
         self._extracted[role] = (kept, feats, info)
         if self.progress is not None:
-            self.progress(f"{what}: extracted in {info['seconds']:.1f} s")
+            self.progress(f"{what}: extracted in {info['seconds']:.1f} s{engine_note(info)}")
         return bad
 
     def take(self, role: str, images: ImageList) -> tuple[Any, dict[str, Any]] | None:
@@ -283,6 +286,19 @@ class FeatureCheck:
             feats = feats[[row[p] for p in images.paths]]
             info["file"] = str(save_cached_features(self.cfg.cache_dir, self.key(images), feats))
         return feats, info
+
+
+def engine_note(info: dict[str, Any]) -> str:
+    """`` (onnxruntime, 2 threads)``: the engine and thread count of an extraction's record, or
+    ``""`` (a cache hit).
+
+    >>> engine_note({"engine": "torch", "threads": 1})
+    ' (torch, 1 thread)'
+    """
+    if "engine" not in info:
+        return ""
+    n = int(info.get("threads", 1))
+    return f" ({info['engine']}, {n} thread{'s' if n != 1 else ''})"
 
 
 def _read_bad_images(f: Path) -> dict[Path, str]:
@@ -348,7 +364,7 @@ def image_domains(
                 )
                 if progress is not None:
                     how = "read from the cache" if info["cache"] == "hit" else "extracted"
-                    progress(f"{what}: {how} in {info['seconds']:.1f} s")
+                    progress(f"{what}: {how} in {info['seconds']:.1f} s{engine_note(info)}")
             else:
                 feats, info = taken
             notes["features"][role] = info

@@ -2,8 +2,9 @@
 
 eada init --store DIR (--preset NAME [--method M] | --config FILE.yaml
                        | --source-dir D --target-dir D) [--seed S] [--set k=v ...]
-                       [--allow-root DIR ...]
-eada query --store DIR [--budget N]            score the pool, select, export CSV/JSON/Label Studio
+                       [--allow-root DIR ...] [--threads N]
+eada query --store DIR [--budget N] [--threads N]
+                                               score the pool, select, export CSV/JSON/Label Studio
 eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried] [--force]
 eada train --store DIR [--epochs N | --partial] [--simulate]
 eada labelstudio connect --store DIR --url URL [--project ID]   a live Label Studio project
@@ -306,11 +307,19 @@ def add_store_commands(sub: Any) -> None:
         "lists, symlinks) and label imports may point into; recorded in the store "
         "(repeatable; the store never adds one by itself)",
     )
+    from eada.threads import add_threads_argument
+
+    add_threads_argument(  # eada.cli.main applies it
+        p,
+        "threads of the first feature extraction (ONNX Runtime or torch) and of any training "
+        "init does (default: OMP_NUM_THREADS if set, else all cores)",
+    )
     p.set_defaults(func=_cmd_init)
 
     p = sub.add_parser("query", help="score the unlabeled pool, select a batch, export it")
     store_arg(p)
     p.add_argument("--budget", type=int, default=None, help="override the planned batch size")
+    add_threads_argument(p)
     p.set_defaults(func=_cmd_query)
 
     lab = sub.add_parser("label", help="label files")
@@ -351,7 +360,6 @@ def add_store_commands(sub: Any) -> None:
         action="store_true",
         help="the last round still awaits answers: train with the labels it has so far",
     )
-    from eada.threads import add_threads_argument
 
     add_threads_argument(p)
     p.set_defaults(func=_cmd_train)
