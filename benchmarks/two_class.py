@@ -127,27 +127,24 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
         "paper - w/o",
     ]
     body = []
+
+    def cell(r: dict[str, Any]) -> str:
+        return "–" if r["mean"] is None else f"{r['mean']:.1f} ± {r['std']:.1f}"
+
+    def diff(r: dict[str, Any]) -> str:
+        d = r.get("minus_no_fea")
+        return "–" if d is None else f"{d:+.1f}"
+
     for name, info in tasks.items():
-
-        def cell(v: str) -> str:
-            r = info[v]
-            if r["mean"] is None:
-                return "–"
-            return f"{r['mean']:.1f} ± {r['std']:.1f}"
-
-        def diff(v: str) -> str:
-            d = info[v].get("minus_no_fea")
-            return "–" if d is None else f"{d:+.1f}"
-
         body.append(
             [
                 name,
                 " vs ".join(info["class_names"]),
-                cell("no_fea"),
-                cell("paper"),
-                cell("normalized"),
-                diff("normalized"),
-                diff("paper"),
+                cell(info["no_fea"]),
+                cell(info["paper"]),
+                cell(info["normalized"]),
+                diff(info["normalized"]),
+                diff(info["paper"]),
             ]
         )
     return markdown_table(head, body)

@@ -49,7 +49,9 @@ def keep_classes(domain: Domain, ids: Sequence[int]) -> Domain:
         remap[y[keep]].tolist(),
         names,
     )
-    return ImageDomain(images, domain.transforms, domain.input_shape, domain.workers, domain.current)
+    return ImageDomain(
+        images, domain.transforms, domain.input_shape, domain.workers, domain.current
+    )
 
 
 def load_task(
