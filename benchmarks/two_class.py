@@ -199,6 +199,62 @@ def config_maker(info: dict[str, Any], variant: str) -> Callable[[int], Experime
     return lambda seed: preset_config(info["preset"], method, seed, sets)
 
 
+def selection_check(info: dict[str, Any], variant: str, seed: int) -> dict[str, Any]:
+    """Train ``variant`` on a SURF task up to its first round (``rounds_at[0]`` epochs), then
+    let EADA, entropy, margin (BvSB) and least confidence select the first round's budget from
+    the same pool outputs; also the free-energy rank (1 = highest) of the 10 most uncertain
+    samples (smallest ``|E1 - E2|``) and the correlation of ``F`` with ``-|E1 - E2|``."""
+    import torch
+
+    from eada.data.tasks import load_task
+    from eada.strategies import get_strategy
+    from eada.train import ActiveDATrainer
+    from eada.strategies.base import resolve_budget
+
+    cfg = config_maker(info, variant)(seed)
+    first = cfg.active.rounds_at[0]
+    cfg = load_config(
+        CONFIG,
+        [
+            f"data.source={info['source']}",
+            f"data.target={info['target']}",
+            f"data.keep_classes=[{info['keep_classes'][0]}, {info['keep_classes'][1]}]",
+            f"train.alignment={cfg.train.alignment}",
+            f"train.epochs={first}",
+            "active.rounds_at=[]",
+            f"seed={seed}",
+        ],
+    )
+    tr = ActiveDATrainer(cfg, load_task(cfg.data))
+    tr.run()
+    pool = torch.nonzero(~tr.labeled_mask).squeeze(1)
+    out = tr._score(pool, ("energies",))
+    a = cfg.active
+    budget = resolve_budget(a.budget_per_round, len(pool))
+    share = a.budget_per_round if isinstance(a.budget_per_round, float) else None
+    chosen = {}
+    for name in ("eada", "entropy", "margin", "least_confidence"):
+        kw: dict[str, Any] = {}
+        if name == "eada":
+            kw = {"alpha1": a.alpha1, "rule": a.selection_rule, "budget_share": share}
+        sel = get_strategy(name).fn(out, budget, np.random.default_rng(seed), **kw)
+        chosen[name] = sorted(int(i) for i in sel.indices)
+    e = torch.from_numpy(np.asarray(out.energies))
+    f = -torch.logsumexp(-e, dim=1)
+    margin = (e[:, 0] - e[:, 1]).abs()
+    rank_f = torch.argsort(torch.argsort(-f)) + 1
+    return {
+        "variant": variant,
+        "seed": seed,
+        "pool": len(pool),
+        "budget": budget,
+        "selected": chosen,
+        "eada_equals_entropy": chosen["eada"] == chosen["entropy"],
+        "f_rank_of_10_most_uncertain": rank_f[torch.argsort(margin)[:10]].tolist(),
+        "corr_f_uncertainty": float(np.corrcoef(f.numpy(), -margin.numpy())[0, 1]),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the tasks x variants x seeds; write ``OUT/summary.json``; print the table."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
@@ -208,9 +264,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--digits", action="store_true", help="also the digits 3-vs-8 tasks")
     p.add_argument("--only", default="", help="comma-separated task folders to run, e.g. surf/D-A")
     p.add_argument("--table-only", action="store_true")
+    p.add_argument(
+        "--selection-check",
+        default="",
+        help="a SURF task folder (e.g. surf/A-C): compare the first round's selections instead",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     summary_file = out / "summary.json"
+    if args.selection_check:
+        info = next(
+            i for i in surf_tasks(Path(args.data)).values() if i["folder"] == args.selection_check
+        )
+        rows = [
+            selection_check(info, v, s)
+            for v in ("normalized", "paper", "no_fea")
+            for s in parse_seeds(args.seeds)
+        ]
+        for r in rows:
+            print(json.dumps(r), file=sys.stderr)
+        name = args.selection_check.replace("/", "_")
+        write_json(out / f"selection_check_{name}.json", {"task": info, "rounds": rows})
+        return 0
     if args.table_only:
         print(markdown(json.loads(summary_file.read_text())["tasks"]))
         return 0
