@@ -208,8 +208,8 @@ def selection_check(info: dict[str, Any], variant: str, seed: int) -> dict[str, 
 
     from eada.data.tasks import load_task
     from eada.strategies import get_strategy
-    from eada.train import ActiveDATrainer
     from eada.strategies.base import resolve_budget
+    from eada.train import ActiveDATrainer
 
     cfg = config_maker(info, variant)(seed)
     first = cfg.active.rounds_at[0]
