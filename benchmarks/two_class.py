@@ -105,7 +105,7 @@ def summarize(out: Path, tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "seeds": [r["seed"] for r in recs],
                 "accuracy": accs,
                 "mean": float(np.mean(accs)) if accs else None,
-                "std": float(np.std(accs)) if accs else None,
+                "std": float(np.std(accs, ddof=1)) if len(accs) > 1 else None,
             }
         base = info["no_fea"]["mean"]
         for v in ("normalized", "paper"):
@@ -129,7 +129,9 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
     body = []
 
     def cell(r: dict[str, Any]) -> str:
-        return "–" if r["mean"] is None else f"{r['mean']:.1f} ± {r['std']:.1f}"
+        if r["mean"] is None:
+            return "–"
+        return f"{r['mean']:.1f}" + ("" if r["std"] is None else f" ± {r['std']:.1f}")
 
     def diff(r: dict[str, Any]) -> str:
         d = r.get("minus_no_fea")
@@ -265,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help="comma-separated task folders to run, e.g. surf/D-A")
     p.add_argument("--table-only", action="store_true")
     p.add_argument(
+        "--resummarize",
+        action="store_true",
+        help="recompute summary.json from the run records (keeps its timing fields)",
+    )
+    p.add_argument(
         "--selection-check",
         default="",
         help="a SURF task folder (e.g. surf/A-C): compare the first round's selections instead",
@@ -288,6 +295,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.table_only:
         print(markdown(json.loads(summary_file.read_text())["tasks"]))
+        return 0
+    if args.resummarize:
+        old = json.loads(summary_file.read_text())
+        old["tasks"] = summarize(out, old["tasks"])
+        write_json(summary_file, old)
+        print(markdown(old["tasks"]))
         return 0
     seeds = parse_seeds(args.seeds)
     tasks = surf_tasks(Path(args.data)) | (digit_tasks() if args.digits else {})
