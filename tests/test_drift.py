@@ -475,3 +475,13 @@ def test_keep_classes_on_surf_features() -> None:
     with pytest.raises(ValueError, match="10 classes"):
         load_task(cfg.data.model_copy(update={"keep_classes": [2, 12]}))
     assert json.loads(json.dumps(cfg.resolved()))["data"]["keep_classes"] == [2, 4]
+
+
+def test_a_class_subset_is_never_taken_for_a_stored_full_run() -> None:
+    from eada.runs import config_differences
+
+    stored = {"data": {"kind": "features"}}  # a record from before data.keep_classes
+    assert config_differences(stored, {"data": {"kind": "features", "keep_classes": None}}) == []
+    assert config_differences(stored, {"data": {"kind": "features", "keep_classes": [2, 4]}}) == [
+        "data.keep_classes: None (before the key existed) -> [2, 4]"
+    ]

@@ -179,7 +179,11 @@ class OtherConfigError(ValueError):
 #: Keys added to the config schema whose default does NOT reproduce what the code did before
 #: the key existed, with the value that does: a stored config without such a key was run with
 #: that value. (Every other added key defaults to the earlier behaviour.)
-LEGACY_VALUES: dict[str, Any] = {"train.alignment": "paper"}
+LEGACY_VALUES: dict[str, Any] = {
+    "train.alignment": "paper",
+    # every class was kept before data.keep_classes existed: a subset is another task
+    "data.keep_classes": None,
+}
 
 
 def config_differences(
