@@ -63,7 +63,29 @@ class ToyData(_Strict):
     rotation_deg: float = 90.0
 
 
-class DigitsData(_Strict):
+class _ClassSubset(_Strict):
+    """``keep_classes``: class ids (of the data's own label space) to keep in every domain, in
+    the order given; they are relabelled ``0..k-1`` and the other samples dropped (see
+    :func:`eada.data.tasks.keep_classes`), e.g. ``[3, 8]`` for a two-class digits task. At
+    least two distinct ids; ids beyond the data's classes are an error when the data is read."""
+
+    keep_classes: list[int] | None = None
+
+    @field_validator("keep_classes")
+    @classmethod
+    def _subset(cls, v: list[int] | None) -> list[int] | None:
+        if v is None:
+            return v
+        if len(v) < 2:
+            raise ValueError(f"keep_classes needs at least 2 class ids, got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"keep_classes has repeated class ids: {v}")
+        if min(v) < 0:
+            raise ValueError(f"keep_classes ids must be >= 0, got {v}")
+        return v
+
+
+class DigitsData(_ClassSubset):
     """A digits task read from the original files (see :mod:`eada.data.digits`)."""
 
     kind: Literal["digits"] = "digits"
@@ -107,7 +129,7 @@ class ImageTransforms(_Strict):
         return self
 
 
-class ImageListData(_Strict):
+class ImageListData(_ClassSubset):
     """Image domains (see :mod:`eada.data.images`): each of ``source``/``target``/``heldout`` is
     a list file (``path label`` a line) or a domain folder ``DOMAIN/[images/]CLASS/*.jpg``.
     ``root``: where relative list paths start (default: the list file's folder).
@@ -128,7 +150,7 @@ class ImageListData(_Strict):
     extract_batch_size: int = Field(64, ge=1)
 
 
-class FeatureData(_Strict):
+class FeatureData(_ClassSubset):
     """Feature matrices (see :mod:`eada.data.features`): ``.npy``/``.npz``/``.mat``/``.parquet``
     a domain; ``*_labels`` separate label files (needed for ``.npy``)."""
 

@@ -27,8 +27,10 @@ import torch.nn.functional as F
 
 __all__ = [
     "ALIGNMENTS",
+    "AlignmentDriftWarning",
     "AlignmentRunawayWarning",
     "DeltaEstimator",
+    "alignment_drift",
     "alignment_free_energy",
     "alignment_runaway",
     "alignment_scale",
@@ -494,6 +496,84 @@ def alignment_runaway(
         f"{span} {unit}: L_fea is scaling all energies up instead of aligning the domains. "
         "Lower train.gamma (on MNIST->MNIST-M, 0.01 ran away under Adam and 0.001 trained "
         "stably; BENCHMARKS.md)."
+    )
+
+
+class AlignmentDriftWarning(RuntimeWarning):
+    """``Delta`` falls epoch after epoch while the source fit no longer improves: a slow drift
+    of the free energies. Issued by the trainer when :func:`alignment_drift` finds it."""
+
+
+def alignment_drift(
+    deltas: list[float],
+    source_nlls: list[float],
+    window: int = 10,
+    min_falls: int = 8,
+    rel_fall: float = 0.2,
+    min_fall: float = 1.0,
+    nll_fall: float = 0.3,
+    unit: str = "epochs",
+) -> str | None:
+    """Detect the slow drift of ``Delta`` that the source fit does not explain, from per-epoch
+    means (the last ``window + 1`` entries are looked at).
+
+    While the source NLL falls, the source grows more confident and its free energy, hence
+    ``Delta``, falls with it: a healthy fall. Once the source is fit (its NLL no longer
+    falls), a ``Delta`` that keeps falling is the alignment loss moving the energies (their
+    common mode or scale, see BENCHMARKS.md "Alignment variants"), and accuracy decays with
+    it. The signature, over the last ``window`` epochs: ``Delta`` fell in at least
+    ``min_falls`` of them, by at least ``rel_fall`` of its value at the window's start and at
+    least ``min_fall`` nats, while the mean source NLL fell by less than a factor
+    ``exp(nll_fall)`` (or rose). Scale-free in ``Delta`` (a relative fall) and in the NLL (a
+    log ratio); the absolute floor keeps a ``Delta`` near ``-log C`` on two classes from
+    counting small moves. The thresholds were set on the committed SURF runs of
+    BENCHMARKS.md ("The drift warning"), not validated beyond.
+
+    Args:
+        deltas: mean ``Delta`` of each epoch so far, oldest first.
+        source_nlls: mean source NLL of the same epochs.
+        window: epochs the trend is taken over.
+        min_falls: how many of the ``window`` epoch-to-epoch steps must fall.
+        rel_fall: the least fall, as a share of ``|Delta|`` at the window's start.
+        min_fall: the least fall in nats.
+        nll_fall: the source NLL's log ratio (start / end) below which it counts as flat.
+        unit: what one entry covers, for the message.
+
+    Returns:
+        a message naming the values, or ``None`` when there is no drift.
+
+    Example:
+        >>> d = [-9.6, -10.0, -10.4, -10.8, -11.2, -11.6, -12.0, -12.4, -12.8, -13.2, -13.7]
+        >>> print(alignment_drift(d, [0.0018] * 6 + [0.0015] * 5))  # doctest: +ELLIPSIS
+        Delta fell in 10 of the last 10 epochs, -9.6 -> -13.7 (-43%), while the source NLL ...
+        >>> alignment_drift(d, [0.02 * 0.9**k for k in range(11)]) is None  # fit improving
+        True
+    """
+    if len(deltas) != len(source_nlls):
+        raise ValueError(f"{len(deltas)} deltas but {len(source_nlls)} source NLLs")
+    if window < 2 or not 1 <= min_falls <= window or rel_fall < 0 or min_fall < 0:
+        raise ValueError(
+            f"need window >= 2, 1 <= min_falls <= window, rel_fall >= 0 and min_fall >= 0; "
+            f"got window={window}, min_falls={min_falls}, rel_fall={rel_fall}, "
+            f"min_fall={min_fall}"
+        )
+    if len(deltas) < window + 1:
+        return None
+    d, n = deltas[-window - 1 :], source_nlls[-window - 1 :]
+    if not all(math.isfinite(v) for v in d + n) or d[0] >= 0:
+        return None
+    falls = sum(d[k] < d[k - 1] for k in range(1, window + 1))
+    fall = d[0] - d[-1]
+    ratio = math.log(max(n[0], 1e-30) / max(n[-1], 1e-30))
+    if falls < min_falls or fall < min_fall or fall < rel_fall * abs(d[0]) or ratio >= nll_fall:
+        return None
+    return (
+        f"Delta fell in {falls} of the last {window} {unit}, {d[0]:.1f} -> {d[-1]:.1f} "
+        f"({-100 * fall / abs(d[0]):.0f}%), while the source NLL went {n[0]:.3g} -> "
+        f"{n[-1]:.3g}: the source fit no longer explains the fall, L_fea is moving the "
+        "energies (a slow drift; on SURF it came with a 1-7 point fall of target accuracy "
+        "from its peak). The normalized alignment gives that direction no gradient; else lower "
+        "train.gamma (BENCHMARKS.md, 'The drift warning')."
     )
 
 

@@ -338,6 +338,10 @@ LEGACY_VALUES: dict[str, Any] = {
     "model.factory": None,  # eabc524
     "model.bottleneck_dim": None,  # eabc524: no bottleneck before
     "model.freeze_backbone": False,  # eabc524
+    # every class was kept before data.keep_classes existed: a subset is another task
+    "data.keep_classes": None,
+    # 89cd03c: the bottleneck BatchNorm's affine parameters were always trained before
+    "model.freeze_bottleneck_bn_affine": False,
 }
 
 

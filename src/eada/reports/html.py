@@ -44,7 +44,7 @@ from eada.reports.figures_runs import (
     plot_toy_rounds,
     save_figure,
 )
-from eada.runs import write_bytes_atomic
+from eada.runs import format_warning, write_bytes_atomic
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;
@@ -401,10 +401,25 @@ def _toy_html(groups: list[RunGroup], figs: _Figures, data: _Data) -> str:
     )
 
 
+def _warnings_html(groups: list[RunGroup]) -> str:
+    """The runs' training warnings (the alignment runaway and drift, :mod:`eada.energy`), one
+    line each with its method and seed; empty when there are none."""
+    rows = []
+    for g in groups:
+        for run in g.runs:
+            for w in run.get("results", {}).get("warnings", []):
+                line = format_warning({"seed": run["seed"], **w}) if isinstance(w, dict) else w
+                rows.append(f"<li>{_e(g.label)}: {_e(line)}</li>")
+    if not rows:
+        return ""
+    return '<h3>Training warnings</h3><ul class="warnings">' + "".join(rows) + "</ul>"
+
+
 def _task_section(inp: ReportInput, task: str, figs: _Figures, data: _Data) -> str:
     groups = inp.by_task(task)
     out = [f'<section class="task"><h2>{_e(task)}</h2>']
     out.append("<h3>Strategies</h3>" + _summary_table(groups))
+    out.append(_warnings_html(groups))
     curves = []
     for g in groups:
         x, m, s = collect.accuracy_curve(g)

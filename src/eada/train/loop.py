@@ -306,15 +306,46 @@ def record_alignment_runaway(
     return message
 
 
+def record_alignment_drift(
+    log: list[dict[str, Any]],
+    found: list[dict[str, Any]],
+    at: dict[str, int],
+    unit: str = "epochs",
+) -> str | None:
+    """Look for the slow drift of ``Delta`` (:func:`eada.energy.alignment_drift`) in a
+    trainer's log (records with ``delta``, ``loss_align`` and ``loss_source`` means; records
+    without ``loss_align`` or ``loss_source``, e.g. from an older checkpoint, are skipped). On
+    the first find, append ``{"kind": "alignment_drift", **at, "message": ...}`` to ``found``
+    and return the message; ``None`` otherwise, or when ``found`` already has one."""
+    if any(w["kind"] == "alignment_drift" for w in found):
+        return None
+    hist = [h for h in log if "loss_align" in h and "loss_source" in h]
+    message = energy_ops.alignment_drift(
+        [h["delta"] for h in hist], [h["loss_source"] for h in hist], unit=unit
+    )
+    if message is not None:
+        found.append({"kind": "alignment_drift", **at, "message": message})
+    return message
+
+
 def report_alignment_runaway(
-    message: str, where: str, progress: Callable[[str], None] | None
+    message: str,
+    where: str,
+    progress: Callable[[str], None] | None,
+    kind: str = "alignment_runaway",
 ) -> None:
-    """Show a runaway message: as a progress line (the CLI) when ``progress`` is given, else
-    as an :class:`~eada.energy.AlignmentRunawayWarning`."""
+    """Show an alignment warning (``kind`` ``alignment_runaway`` or ``alignment_drift``): as a
+    progress line (the CLI) when ``progress`` is given, else as an
+    :class:`~eada.energy.AlignmentRunawayWarning` or :class:`~eada.energy.AlignmentDriftWarning`."""
     if progress is not None:
         progress(f"warning ({where}): {message}")
     else:
-        warnings.warn(f"{where}: {message}", energy_ops.AlignmentRunawayWarning, stacklevel=3)
+        category: type[Warning] = (
+            energy_ops.AlignmentDriftWarning
+            if kind == "alignment_drift"
+            else energy_ops.AlignmentRunawayWarning
+        )
+        warnings.warn(f"{where}: {message}", category, stacklevel=3)
 
 
 @dataclass
@@ -530,17 +561,21 @@ class ActiveDATrainer:
         out["loss"] = float(loss.detach())
         return out
 
-    def _watch_alignment(self, record: dict[str, Any], epoch: int) -> str | None:
-        """Add an epoch's ``Delta`` and ``L_fea`` means to :attr:`alignment_log` (kept in the
-        checkpoints, so the log spans every schedule a model is trained under, e.g. the
-        segments of ``eada train``) and return the runaway message on its first find."""
+    def _watch_alignment(self, record: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
+        """Add an epoch's ``Delta``, ``L_fea`` and source NLL means to :attr:`alignment_log`
+        (kept in the checkpoints, so the log spans every schedule a model is trained under,
+        e.g. the segments of ``eada train``) and return the warnings found for the first time
+        (the runaway, the slow drift; each at most once a model)."""
         if "loss_align" in record:
-            self.alignment_log.append(
-                {"delta": record["delta"], "loss_align": record["loss_align"]}
-            )
-        return record_alignment_runaway(
-            self.alignment_log, self.alignment_warnings, {"epoch": epoch}
-        )
+            entry = {"delta": record["delta"], "loss_align": record["loss_align"]}
+            if "loss_source" in record:
+                entry["loss_source"] = record["loss_source"]
+            self.alignment_log.append(entry)
+        new = []
+        for check in (record_alignment_runaway, record_alignment_drift):
+            if check(self.alignment_log, self.alignment_warnings, {"epoch": epoch}) is not None:
+                new.append(self.alignment_warnings[-1])
+        return new
 
     def steps_per_epoch(self) -> int:
         """``max(#source batches, #unlabeled batches)`` over the current pool, the reference
@@ -830,9 +865,8 @@ class ActiveDATrainer:
                     open_round = rec
                     self._emit("after_round", rec)
             result.history.append(record)
-            warning = self._watch_alignment(record, epoch)
-            if warning is not None:
-                result.warnings.append(self.alignment_warnings[-1])
+            found = self._watch_alignment(record, epoch)
+            result.warnings.extend(found)
             if progress is not None:
                 acc_s = (
                     f"{record['metrics']['target']['accuracy']:.2f}%"
@@ -843,8 +877,8 @@ class ActiveDATrainer:
                     f"epoch {epoch}/{cfg.train.epochs} loss {record.get('loss', 0):.4f} "
                     f"target acc {acc_s} labeled {int(self.labeled_mask.sum())}"
                 )
-            if warning is not None and self.rank == 0:  # shown before the checkpoint below
-                report_alignment_runaway(warning, f"epoch {epoch}", progress)
+            for w in found if self.rank == 0 else []:  # shown before the checkpoint below
+                report_alignment_runaway(w["message"], f"epoch {epoch}", progress, w["kind"])
             self._run_state = {
                 "epoch": epoch,
                 "result": result,
