@@ -9,6 +9,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from eada.data.tasks import Task
 from eada.store.config import StoreOptions, build_config
 from eada.store.data import load_project_data, row_hashes
@@ -66,13 +68,20 @@ class ProjectBase:
     def _target_ids(self) -> list[int]:
         return [r["id"] for r in self.store.samples("target")]
 
+    def _audit_mask(self) -> torch.Tensor:
+        """Boolean mask over the target of the samples audit rounds drew: kept out of the
+        active rounds' pool, and their labels out of training."""
+        ids = self.store.audit_sample_ids()
+        return torch.tensor([sid in ids for sid in self._target_ids()], dtype=torch.bool)
+
     def plan(self) -> list[dict[str, Any]]:
         """The config's rounds: ``round``, ``epoch``, ``budget``."""
         return ActiveDATrainer(self.cfg, self.task).plan
 
     def pending(self) -> list[sqlite3.Row]:
-        """Selected samples of the last round that have no label yet."""
-        rounds = self.store.rounds()
+        """Selected samples of the last active round (not an audit round) that have no label
+        yet."""
+        rounds = self.store.active_rounds()
         if not rounds:
             return []
         return list(
@@ -94,7 +103,7 @@ class ProjectBase:
         if ck is not None and ck["kind"] == "epoch":
             return "train"  # a training segment was interrupted
         plan = self.plan()
-        r = len(self.store.rounds()) + 1
+        r = len(self.store.active_rounds()) + 1
         if r <= len(plan) and plan[r - 1]["epoch"] <= epoch:
             return "query"
         return "train" if epoch < self.cfg.train.epochs else "done"

@@ -114,6 +114,9 @@ _ONE_FIRST_LABEL = (
     "CREATE UNIQUE INDEX IF NOT EXISTS labels_one_first ON labels (sample_id) "
     "WHERE supersedes IS NULL"
 )
+AUDIT = "audit"
+"""The ``rounds.strategy`` of an audit round (``eada query --audit N``): uniformly random
+samples for an accuracy estimate, outside the schedule of active rounds."""
 BUSY_TIMEOUT_ENV = "EADA_BUSY_TIMEOUT"
 DEFAULT_BUSY_TIMEOUT = 30.0
 HOLDER_SUFFIX = ".writer"  # eada.sqlite.writer: who holds the write lock (pid, command, since)
@@ -457,6 +460,25 @@ class Store:
     def rounds(self) -> list[sqlite3.Row]:
         """Round rows in order."""
         return list(self.conn.execute("SELECT * FROM rounds ORDER BY number"))
+
+    def active_rounds(self) -> list[sqlite3.Row]:
+        """The rounds of the schedule (every round but the audit rounds), in order."""
+        return [r for r in self.rounds() if r["strategy"] != AUDIT]
+
+    def audit_rounds(self) -> list[sqlite3.Row]:
+        """The audit rounds (``eada query --audit N``), in order."""
+        return [r for r in self.rounds() if r["strategy"] == AUDIT]
+
+    def audit_sample_ids(self) -> set[int]:
+        """The samples drawn by any audit round (labeled or not)."""
+        return {
+            int(r[0])
+            for r in self.conn.execute(
+                "SELECT rs.sample_id FROM round_samples rs JOIN rounds r ON r.id = rs.round_id "
+                "WHERE r.strategy = ? AND rs.rank IS NOT NULL",
+                (AUDIT,),
+            )
+        }
 
     def selected(self, round_id: int) -> list[sqlite3.Row]:
         """The selected samples of a round (rank order) with their scores and positions."""

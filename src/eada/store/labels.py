@@ -41,7 +41,10 @@ class ProjectLabels(ProjectCheckpoints):
         return int(self.store.conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0])
 
     def _labels_tensor(self) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.store.current_labels()
+        """The labels training uses: every label in force but those of audit samples (kept
+        out so that the audit stays an unbiased sample the model never saw a label of)."""
+        audit = self.store.audit_sample_ids()
+        rows = [r for r in self.store.current_labels() if r["sample_id"] not in audit]
         idx = torch.tensor([r["position"] for r in rows], dtype=torch.long)
         lab = torch.tensor([r["class_id"] for r in rows], dtype=torch.long)
         return idx, lab

@@ -45,7 +45,15 @@ from eada.store.labelfiles import ImportFileError, csv_safe, write_atomic
 from eada.store.labels import ImportValidationError
 from eada.store.rounds import ProjectRounds
 from eada.store.targets import record_sample_info
-from eada.store.unlabeled import accuracy_summary, list_roots, options_json, resolve_target
+from eada.store.unlabeled import (
+    accuracy_summary,
+    audit_summary,
+    class_coverage,
+    list_roots,
+    options_json,
+    pool_predictions,
+    resolve_target,
+)
 from eada.train import ActiveDATrainer
 
 Progress = Callable[[str], None] | None
@@ -142,8 +150,9 @@ class Project(ProjectRounds):
             action = self.next_action()
             if action == "label":
                 raise StoreError(
-                    f"round {len(self.store.rounds())} awaits labels for {len(self.pending())} "
-                    "samples: import them with `eada label import FILE` (or pass --epochs N)"
+                    f"round {self.store.active_rounds()[-1]['number']} awaits labels for "
+                    f"{len(self.pending())} samples: import them with `eada label import FILE` "
+                    "(or pass --epochs N)"
                 )
             if action == "query":
                 raise StoreError(
@@ -156,7 +165,7 @@ class Project(ProjectRounds):
                     "pass --epochs N to train more"
                 )
             plan = self.plan()
-            r = len(self.store.rounds()) + 1
+            r = len(self.store.active_rounds()) + 1
             end = plan[r - 1]["epoch"] if r <= len(plan) else self.cfg.train.epochs
         start_state = self.load_checkpoint(ck) if ck is not None else None
         return self._train_segment(e0, end, start_state, resume=False, progress=progress)
@@ -309,6 +318,9 @@ class Project(ProjectRounds):
             "rounds": rounds,
             "history": history,
             "accuracy": accuracy_summary(self, history),
+            "audit": audit_summary(conn),
+            "coverage": class_coverage(conn),
+            "pool_predicted": pool_predictions(conn),
             "next": self.next_action(),
         }
 

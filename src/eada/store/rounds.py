@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 import numpy as np
+import torch
 
 from eada.store.checkpoints import crash_point
-from eada.store.db import StoreError, now
+from eada.store.db import AUDIT, StoreError, now
 from eada.store.labelfiles import (
     export_rows_csv,
     label_studio_config,
@@ -33,7 +34,7 @@ class ProjectRounds(ProjectLabels):
         strategy random state) in one transaction, and export it. When the last round still
         awaits labels, nothing is selected: its batch is exported again."""
         self.store.check_writable()
-        rounds = self.store.rounds()
+        rounds = self.store.active_rounds()
         if self.pending():
             last = rounds[-1]
             paths = self.export_round(last["number"]) if export else {}
@@ -48,7 +49,8 @@ class ProjectRounds(ProjectLabels):
         if ck is not None and ck["kind"] == "epoch":
             raise StoreError("a training segment was interrupted: run `eada train` to finish it")
         plan = self.plan()
-        r = len(rounds) + 1
+        r = len(rounds) + 1  # the schedule's round
+        n_all = len(self.store.rounds())  # its number counts the audit rounds too
         if budget is None:
             if r > len(plan):
                 raise StoreError(
@@ -66,7 +68,7 @@ class ProjectRounds(ProjectLabels):
             trainer.load_state_dict(self.load_checkpoint(ck), progress=False)
         n_label_rows = self._n_label_rows()
         trainer.set_labels(*self._labels_tensor())
-        prop = trainer.propose(budget)
+        prop = trainer.propose(budget, exclude=self._audit_mask())
         crash_point("query:scored")
         target_ids = self._target_ids()
         pool = prop.pool_idx.tolist()
@@ -102,7 +104,7 @@ class ProjectRounds(ProjectLabels):
             # wins, this one records nothing (and its checkpoint file is deleted)
             ck_now = self.store.latest_checkpoint()
             if (
-                len(self.store.rounds()) + 1 != r
+                len(self.store.rounds()) != n_all
                 or (None if ck_now is None else ck_now["id"]) != (None if ck is None else ck["id"])
                 or self._n_label_rows() != n_label_rows
             ):
@@ -128,7 +130,7 @@ class ProjectRounds(ProjectLabels):
                 "INSERT INTO rounds (number, strategy, epoch, budget, config, info, "
                 "checkpoint_id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    r,
+                    n_all + 1,
                     self.cfg.active.strategy,
                     epoch,
                     budget,
@@ -143,12 +145,121 @@ class ProjectRounds(ProjectLabels):
                 [(cur.lastrowid, *row) for row in rows],
             )
             crash_point("query:before_commit")
-        files = self.export_round(r) if export else {}
+        files = self.export_round(n_all + 1) if export else {}
         return {
-            "round": r,
+            "round": n_all + 1,
             "reexported": False,
             "files": files,
             "selected": budget,
+            "pool": len(pool),
+            "epoch": epoch,
+        }
+
+    def audit(self, n: int, export: bool = True) -> dict[str, Any]:
+        """Draw an audit round: ``n`` samples uniformly at random (without replacement) from
+        the unlabeled pool, with the current model's prediction for each, recorded as a round
+        of strategy ``audit`` and exported like any round. Their labels give an unbiased
+        estimate of the accuracy of THAT model (the latest checkpoint at the draw) on the pool
+        it was drawn from (:func:`eada.store.unlabeled.audit_summary`). Audit samples never
+        enter an active round's pool and their labels are never trained on; the random draw
+        uses its own generator (seed, round number), so the schedule's strategy state is
+        untouched.
+
+        Raises:
+            ValueError: ``n`` < 1.
+            StoreError: the last active round awaits labels, a training segment was
+                interrupted, or the pool holds fewer than ``n`` samples.
+        """
+        from eada.train.evaluate import predict_energies
+
+        self.store.check_writable()
+        if n < 1:
+            raise ValueError(f"--audit must be >= 1, got {n}")
+        pending = self.pending()
+        if pending:
+            last = self.store.active_rounds()[-1]["number"]
+            raise StoreError(
+                f"round {last} awaits labels for {len(pending)} samples; an audit draws from the "
+                "unlabeled pool, so label that round first "
+                f"(`eada label import FILE --store {self.folder}`)"
+            )
+        ck = self.store.latest_checkpoint()
+        epoch = 0 if ck is None else ck["epoch"]
+        if ck is not None and ck["kind"] == "epoch":
+            raise StoreError(
+                "a training segment was interrupted: finish it first "
+                f"(`eada train --store {self.folder}`)"
+            )
+        trainer = ActiveDATrainer(self.cfg, self.task)
+        if ck is not None:
+            trainer.load_state_dict(self.load_checkpoint(ck), progress=False)
+        n_label_rows = self._n_label_rows()
+        trainer.set_labels(*self._labels_tensor())
+        free = ~trainer.labeled_mask & ~self._audit_mask()
+        pool = torch.nonzero(free).squeeze(1)
+        if n > len(pool):
+            raise StoreError(f"--audit {n}: the unlabeled pool holds only {len(pool)} samples")
+        n_all = len(self.store.rounds())
+        rng = np.random.default_rng([int(self.cfg.seed), n_all + 1, 0xA0D1])
+        chosen = pool[torch.from_numpy(rng.choice(len(pool), size=n, replace=False))]
+        e = predict_energies(
+            trainer.model,
+            trainer.task.target,
+            chosen,
+            self.cfg.train.eval_batch_size,
+            trainer.device,
+        )
+        prob = torch.softmax(-self.cfg.train.tau * e, dim=1).max(dim=1).values
+        pred = e.argmin(dim=1)
+        target_ids = self._target_ids()
+        rows = [
+            (
+                target_ids[int(pos)],
+                k,
+                json.dumps(
+                    {"predicted": self.classes[int(pred[k])], "score": round(float(prob[k]), 6)}
+                ),
+            )
+            for k, pos in enumerate(chosen.tolist())
+        ]
+        n_trained = int(trainer.labeled_mask.sum())
+        rel, sha = self._write_checkpoint(trainer.state_dict(), "query", epoch)
+        info = {"pool": len(pool), "epoch": epoch, "n_labeled_trained": n_trained}
+        with self._unused_if_failed(rel), self.store.transaction() as c:
+            if len(self.store.rounds()) != n_all or self._n_label_rows() != n_label_rows:
+                raise StoreError(
+                    "another process changed the project while this audit was drawn; nothing "
+                    f"was recorded: see `eada status --store {self.folder}` and draw it again"
+                )
+            self._set_mode("human")
+            ck_id = self._record_checkpoint(
+                c, rel, sha, "query", epoch, (epoch, epoch), n_trained, None
+            )
+            cur = c.execute(
+                "INSERT INTO rounds (number, strategy, epoch, budget, config, info, "
+                "checkpoint_id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    n_all + 1,
+                    AUDIT,
+                    epoch,
+                    n,
+                    json.dumps({"audit": n}),
+                    json.dumps(info),
+                    ck_id,
+                    now(),
+                ),
+            )
+            c.executemany(
+                "INSERT INTO round_samples (round_id, sample_id, rank, scores) VALUES (?, ?, ?, ?)",
+                [(cur.lastrowid, *row) for row in rows],
+            )
+        files = self.export_round(n_all + 1) if export else {}
+        return {
+            "round": n_all + 1,
+            "audit": True,
+            "reexported": False,
+            "files": files,
+            "selected": n,
             "pool": len(pool),
             "epoch": epoch,
         }

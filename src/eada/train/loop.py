@@ -545,13 +545,16 @@ class ActiveDATrainer:
         return max(self.source_stream.batches_per_pass, self.unlabeled_stream.batches_per_pass)
 
     # -- selection --------------------------------------------------------------------------
-    def propose(self, budget: int) -> Proposal:
+    def propose(self, budget: int, exclude: torch.Tensor | None = None) -> Proposal:
         """Score the unlabeled pool with the current model and let the strategy choose
         ``budget`` samples; asks no labels. The one selection path: simulated rounds
-        (:meth:`select_round`) and human rounds (``eada query``) both call it."""
+        (:meth:`select_round`) and human rounds (``eada query``) both call it. ``exclude``: a
+        boolean mask over the target of unlabeled samples kept out of the pool (a project's
+        audit samples, files that vanished); they still train as unlabeled data."""
         a = self.cfg.active
         spec = get_strategy(a.strategy)
-        pool_idx = torch.nonzero(~self.labeled_mask).squeeze(1)
+        free = ~self.labeled_mask if exclude is None else ~self.labeled_mask & ~exclude
+        pool_idx = torch.nonzero(free).squeeze(1)
         t0 = time.perf_counter()
         needs = tuple(spec.needs)
         if self.aux is not None and "embeddings" not in needs:

@@ -1,0 +1,136 @@
+"""A labeling team's project on real data: an audit round's honest accuracy estimate
+(Office-Caltech10 SURF rows of webcam as an unlabeled target), class coverage and the
+pool's predicted classes, and commands one can paste."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from eada.cli import main
+from eada.store import Project, StoreError
+from eada.store.unlabeled import wilson_interval
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SURF = SHARED_DATA / "office_caltech10_surf"
+
+
+@pytest.fixture
+def surf(tmp_path: Path) -> dict[str, object]:
+    """webcam SURF rows (295) with ids but no labels as the target, amazon as the source;
+    returns the config file and the target's true class names (``"1"``..``"10"``)."""
+    if not SURF.is_dir():
+        pytest.skip(f"real data not found at {SURF}")
+    from scipy.io import loadmat
+
+    w = loadmat(SURF / "webcam_SURF_L10.mat")
+    x, y = w["fts"], w["labels"].ravel()
+    np.savez(tmp_path / "w.npz", fts=x, ids=np.array([f"w{i}" for i in range(len(x))]))
+    raw = {
+        "data": {
+            "kind": "features",
+            "source": str(SURF / "amazon_SURF_L10.mat"),
+            "target": str(tmp_path / "w.npz"),
+            "normalize": "l1_zscore",
+        },
+        "model": {"name": "mlp", "hidden": [64]},
+        "train": {"epochs": 2, "batch_size": 64},
+        "active": {"rounds_at": [1], "budget_per_round": 4},
+    }
+    (tmp_path / "F.yaml").write_text(yaml.safe_dump(raw))
+    return {"config": tmp_path / "F.yaml", "truth": [str(int(v)) for v in y]}
+
+
+def _fill(export: Path, truth: list[str], out: Path) -> Path:
+    """The round's CSV with every label filled in from the truth (as an annotator would)."""
+    with open(export, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        r["label"] = truth[int(r["index"])]
+    with open(out, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return out
+
+
+def test_wilson_interval_matches_the_closed_form() -> None:
+    for k, n in ((0, 20), (17, 20), (20, 20), (3, 7)):
+        p, z = k / n, 1.959963984540054
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        lo, hi = wilson_interval(k, n)
+        assert lo == pytest.approx(max(0.0, centre - half), abs=1e-9)
+        assert hi == pytest.approx(min(1.0, centre + half), abs=1e-9)
+
+
+def test_audit_gives_an_unbiased_estimate_with_an_interval_in_status(
+    tmp_path: Path, surf, capsys
+) -> None:
+    s = ["--store", str(tmp_path / "P")]
+    truth: list[str] = surf["truth"]  # type: ignore[assignment]
+    assert main(["init", *s, "--config", str(surf["config"])]) == 0
+    assert main(["train", *s]) == 0
+    capsys.readouterr()
+    assert main(["query", *s, "--audit", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "20 samples drawn uniformly at random from a pool of 295 (audit round)" in out
+    csv_file = tmp_path / "P" / "exports" / "round-001.csv"
+    assert f"next: eada label import {csv_file} --store {s[1]}" in out  # pasteable, one line
+    # nothing labeled yet: the estimate waits, the schedule is not blocked by the audit
+    proj = Project(tmp_path / "P")
+    assert proj.status()["audit"]["latest"] is None and proj.next_action() == "query"
+    drawn = proj.store.selected(proj.store.rounds()[0]["id"])
+    predicted = {r["position"]: json.loads(r["scores"])["predicted"] for r in drawn}
+    proj.close()
+    assert main(["label", "import", str(_fill(csv_file, truth, tmp_path / "a.csv")), *s]) == 0
+    capsys.readouterr()
+    assert main(["status", *s, "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    audit = st["audit"]["latest"]
+    right = sum(predicted[i] == truth[i] for i in predicted)
+    assert audit["labeled"] == 20 and audit["predicted_right"] == right
+    assert audit["accuracy"] == pytest.approx(100.0 * right / 20)
+    lo, hi = audit["ci95"]
+    assert 0 <= lo < audit["accuracy"] < hi <= 100 or right in (0, 20)
+    assert (lo, hi) == pytest.approx(tuple(100 * v for v in wilson_interval(right, 20)))
+    assert audit["model"] == {
+        "epoch": 1,
+        "trained_labels": 0,
+        "checkpoint": audit["model"]["checkpoint"],
+    }
+    assert audit["model"]["checkpoint"].startswith("checkpoints/query-e0001")
+    assert audit["pool"] == 295 and st["rounds"][0]["strategy"] == "audit"
+    assert st["coverage"]["classes"] == 10
+    assert st["coverage"]["labeled_classes"] == len({truth[i] for i in predicted})
+    assert st["accuracy"]["queried"] is None  # an audit is not a queried (biased) round
+    assert st["next_command"] == f"eada query --store {s[1]}"
+    # the next active round never draws an audit sample, and training never uses their labels
+    assert main(["query", *s]) == 0
+    proj = Project(tmp_path / "P")
+    active = proj.store.active_rounds()[-1]
+    assert active["number"] == 2
+    pool = {
+        r[0]
+        for r in proj.store.conn.execute(
+            "SELECT sample_id FROM round_samples WHERE round_id = ?", (active["id"],)
+        )
+    }
+    assert len(pool) == 275 and not pool & proj.store.audit_sample_ids()
+    assert len(proj._labels_tensor()[0]) == 0
+    pp = proj.status()["pool_predicted"]
+    assert pp["round"] == 2 and pp["n"] == 275 and sum(pp["counts"].values()) == 275
+    # an audit while an active round awaits labels is refused, naming the command
+    with pytest.raises(StoreError, match="round 2 awaits labels for 4 samples"):
+        proj.audit(5)
+    proj.close()
+    capsys.readouterr()
+    assert main(["status", *s]) == 0
+    text = capsys.readouterr().out
+    assert "(95% Wilson interval" in text and "labeled classes:" in text
+    assert "predicted classes of the pool scored at round 2 (275 samples" in text
