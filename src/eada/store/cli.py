@@ -6,6 +6,7 @@ eada query --store DIR [--budget N]            score the pool, select, export CS
 eada query --store DIR --audit N               N uniformly random samples: an accuracy estimate
 eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried]
 eada train --store DIR [--epochs N] [--simulate]
+eada target scan --store DIR                   register new target files, leave out vanished ones
 eada status --store DIR [--json]
 eada export --store DIR --out DIR              labels (CSV) and the final model (weights + JSON)
 """
@@ -119,6 +120,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 def _cmd_query(args: argparse.Namespace) -> int:
     proj = _project(args)
+    _note_pool(proj)
     if args.audit is not None:
         if args.budget is not None:
             raise ValueError("--audit N draws N random samples; drop --budget")
@@ -143,6 +145,31 @@ def _cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _note_pool(proj: Any) -> None:
+    """Say on stderr when the target's files changed since registered (naming the command)."""
+    note = proj.pool_note()
+    if note is not None:
+        _log(f"note: {note}")
+
+
+def _cmd_target_scan(args: argparse.Namespace) -> int:
+    proj = _project(args)
+    out = proj.scan_target(progress=_log)
+    console.print(
+        f"target scan of {args.store}: {len(out['new'])} new file(s) registered, "
+        f"{len(out['returned'])} returned, {len(out['vanished'])} vanished (left out of the "
+        f"pool), {len(out['bad'])} unreadable (not registered); features extracted for "
+        f"{out['extracted']} image(s); the pool holds {out['n_target']} samples",
+        soft_wrap=True,
+    )
+    for p in out["vanished"]:
+        console.print(f"  vanished: {p}", soft_wrap=True, highlight=False)
+    for p, why in out["bad"].items():
+        console.print(f"  unreadable: {p} ({why})", soft_wrap=True, highlight=False)
+    _say_next(next_command(proj.next_action(), args.store, proj))
+    return 0
+
+
 def _cmd_label_import(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.import_labels(args.file, args.annotator, args.allow_unqueried)
@@ -156,6 +183,7 @@ def _cmd_label_import(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     proj = _project(args)
+    _note_pool(proj)
     if args.simulate:
         if args.epochs is not None:
             raise ValueError("--simulate follows the config's schedule; drop --epochs")
@@ -344,6 +372,15 @@ def add_store_commands(sub: Any) -> None:
 
     add_threads_argument(p)
     p.set_defaults(func=_cmd_train)
+
+    tg = sub.add_parser("target", help="the target pool of a project")
+    tsub = tg.add_subparsers(dest="target_command", required=True)
+    p = tsub.add_parser(
+        "scan",
+        help="register new target files (features for the new ones only), leave out vanished",
+    )
+    store_arg(p)
+    p.set_defaults(func=_cmd_target_scan)
 
     p = sub.add_parser("status", help="rounds, budget spent, accuracy history")
     store_arg(p)

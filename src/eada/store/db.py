@@ -440,9 +440,14 @@ class Store:
         return [r[0] for r in self.conn.execute("SELECT name FROM classes ORDER BY id")]
 
     def samples(self, role: str) -> list[sqlite3.Row]:
-        """Sample rows of one role (``source``/``target``/``heldout``) in position order."""
+        """Sample rows of one role (``source``/``target``/``heldout``) in position order
+        (target files that vanished, left out by ``eada target scan``, hold a negative
+        position and are not among them)."""
         return list(
-            self.conn.execute("SELECT * FROM samples WHERE role = ? ORDER BY position", (role,))
+            self.conn.execute(
+                "SELECT * FROM samples WHERE role = ? AND position >= 0 ORDER BY position",
+                (role,),
+            )
         )
 
     def current_labels(self) -> list[sqlite3.Row]:

@@ -44,7 +44,11 @@ class ProjectLabels(ProjectCheckpoints):
         """The labels training uses: every label in force but those of audit samples (kept
         out so that the audit stays an unbiased sample the model never saw a label of)."""
         audit = self.store.audit_sample_ids()
-        rows = [r for r in self.store.current_labels() if r["sample_id"] not in audit]
+        rows = [
+            r
+            for r in self.store.current_labels()
+            if r["sample_id"] not in audit and r["position"] >= 0  # < 0: the file vanished
+        ]
         idx = torch.tensor([r["position"] for r in rows], dtype=torch.long)
         lab = torch.tensor([r["class_id"] for r in rows], dtype=torch.long)
         return idx, lab

@@ -43,6 +43,7 @@ from eada.store.db import Store, StoreError
 from eada.store.exports import model_meta, write_predictions
 from eada.store.labelfiles import ImportFileError, csv_safe, write_atomic
 from eada.store.labels import ImportValidationError
+from eada.store.pool import changes_note, scan_target
 from eada.store.rounds import ProjectRounds
 from eada.store.targets import record_sample_info
 from eada.store.unlabeled import (
@@ -264,6 +265,16 @@ class Project(ProjectRounds):
             else:
                 self.label_simulated()
         return self.status()
+
+    def scan_target(self, progress: Progress = None) -> dict[str, Any]:
+        """``eada target scan``: register the files added to an unlabeled image target and
+        leave out the ones that vanished (:func:`eada.store.pool.scan_target`)."""
+        return scan_target(self, progress)
+
+    def pool_note(self) -> str | None:
+        """A line naming ``eada target scan`` when the target's files changed since they were
+        registered (:func:`eada.store.pool.changes_note`), else ``None``."""
+        return changes_note(self)
 
     def status(self) -> dict[str, Any]:
         """Rounds, budget spent and accuracy history."""
