@@ -265,3 +265,82 @@ def test_target_scan_registers_and_extracts_only_new_files(
     )
     assert proj.train(epochs=1)["epoch"] == 2  # trains on the 15, from the cache
     assert extracted == []
+
+
+def test_near_duplicates_are_flagged_in_export_status_and_report(tmp_path: Path) -> None:
+    """webcam SURF rows, each twice (a photo registered twice): the round's duplicates are
+    flagged with the sample they repeat, and nothing is removed."""
+    if not SURF.is_dir():
+        pytest.skip(f"real data not found at {SURF}")
+    from scipy.io import loadmat
+
+    from eada.reports.project import build_project_report
+    from eada.store.config import load_project_config
+    from eada.store.project import init_project
+
+    x = loadmat(SURF / "webcam_SURF_L10.mat")["fts"][:60]
+    np.save(tmp_path / "w.npy", np.concatenate([x, x]))
+    raw = {
+        "data": {
+            "kind": "features",
+            "source": str(SURF / "amazon_SURF_L10.mat"),
+            "target": str(tmp_path / "w.npy"),
+            "normalize": "l1_zscore",
+        },
+        "model": {"name": "mlp", "hidden": [64]},
+        "train": {"epochs": 2, "batch_size": 64},
+        "active": {"rounds_at": [1], "budget_per_round": 8},
+        "store": {"near_duplicate_threshold": 0.999},
+    }
+    (tmp_path / "F.yaml").write_text(yaml.safe_dump(raw))
+    cfg, options = load_project_config(tmp_path / "F.yaml", [])
+    proj = init_project(tmp_path / "P", cfg, options=options)
+    proj.train()
+    out = proj.query()
+    rows = proj.store.selected(proj.store.rounds()[0]["id"])
+    assert len(rows) == 8  # flagged, never removed
+    pos = {r["sample_id"]: r["position"] for r in rows}
+    twins = {(a, b) for a in pos for b in pos if a != b and pos[a] % 60 == pos[b] % 60}
+    assert twins  # equal rows score equally: the strategy takes both of some pairs
+    dups = proj.status()["rounds"][0]["near_duplicates"]
+    assert {(d["sample_id"], d["of"]) for d in dups} <= twins
+    assert len(dups) == len(twins) // 2 and all(d["cosine"] >= 0.999 for d in dups)
+    with open(out["files"]["csv"], newline="") as fh:
+        flagged = {r["sample_id"]: r["near_duplicate_of"] for r in csv.DictReader(fh)}
+    for d in dups:
+        assert flagged[str(d["sample_id"])].startswith(f"{d['of']} (cosine ")
+    assert sum(1 for v in flagged.values() if v) == len(dups)
+    html = build_project_report(tmp_path / "P").read_text()
+    assert "near-duplicates" in html
+    for d in dups:
+        assert f"{d['sample_id']}~{d['of']}" in html
+
+
+def test_papercuts_version_store_default_and_python_wording(
+    tmp_path: Path, surf, monkeypatch, capsys
+) -> None:
+    from eada import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"eada {__version__}"
+    monkeypatch.delenv("EADA_STORE", raising=False)
+    assert main(["init", "--store", str(tmp_path / "P"), "--config", str(surf["config"])]) == 0
+    monkeypatch.chdir(tmp_path / "P")  # no --store inside the project folder
+    capsys.readouterr()
+    assert main(["train"]) == 0
+    assert "next: eada query --store .\n" in capsys.readouterr().out
+    assert main(["query"]) == 0
+    capsys.readouterr()
+    # the same refusal in the words of each interface
+    assert main(["train"]) == 2
+    err = capsys.readouterr().err
+    assert "`eada label import FILE`" in err and "project." not in err
+    with pytest.raises(StoreError) as info:
+        Project(".").train()
+    msg = str(info.value)
+    assert "`project.import_labels(FILE)`" in msg and "`project.train(epochs=N)`" in msg
+    assert "eada " not in msg
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StoreError, match=r"create one first with `eada.create_project"):
+        Project(tmp_path / "nothing")

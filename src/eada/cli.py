@@ -262,6 +262,9 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``eada`` command."""
     p = argparse.ArgumentParser(prog="eada", description="Active domain adaptation (EADA).")
+    from eada import __version__
+
+    p.add_argument("--version", action="version", version=f"eada {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser(
@@ -364,6 +367,9 @@ def _silence_stdout() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``eada`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    from eada.store.db import set_interface
+
+    set_interface("cli")  # store messages name commands, not Python calls
     try:
         from eada.distributed import launched_distributed
 
@@ -389,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(msg + "\n")  # unwrapped: one line whatever the terminal
 
         return report_error(err, say, argv, getattr(args, "store", None))
+    finally:
+        set_interface("python")  # the caller (a test, a notebook) speaks Python again
     return int(code)
 
 

@@ -160,12 +160,23 @@ def build_project_report(folder: Path, out: Path | None = None, per_round: int =
             "-"
             if q_by_round.get(r["round"], {}).get("accuracy") is None
             else f"{q_by_round[r['round']]['accuracy']:.1f}",
+            ", ".join(
+                f"{d['sample_id']}~{d['of']} ({d['cosine']:.3f})" for d in r["near_duplicates"]
+            )
+            or "-",
         ]
         for r in st["rounds"]
     ]
     head = ["round", "epoch", "strategy", "selected", "labeled", "pending", "queried acc. %*"]
+    head.append("near-duplicates**")
     parts.append(_table(head, rounds) if rounds else "<p>No round queried yet.</p>")
     parts.append(f'<p class="note">* queried accuracy: {_e(QUERIED_NOTE)}</p>')
+    thr = project.options.near_duplicate_threshold
+    parts.append(
+        '<p class="note">** near-duplicates: sample A~B when A\'s features have a cosine '
+        f"similarity of at least {thr} (<code>store.near_duplicate_threshold</code>) with B, "
+        "selected before it in the same round; flagged, never removed.</p>"
+    )
     if any(r["strategy"] == "audit" for r in st["rounds"]):
         parts.append(
             '<p class="note">strategy <code>audit</code>: a uniformly random audit round '

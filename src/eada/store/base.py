@@ -14,7 +14,7 @@ import torch
 from eada.data.tasks import Task
 from eada.store.config import StoreOptions, build_config
 from eada.store.data import load_project_data, row_hashes
-from eada.store.db import Store, StoreError
+from eada.store.db import Store, StoreError, how
 from eada.store.unlabeled import hide_guessed_accuracy
 from eada.train import ActiveDATrainer
 
@@ -83,7 +83,7 @@ class ProjectBase:
             raise StoreError(
                 f"{len(ch.vanished)} registered target file(s) vanished (first: "
                 f"{ch.vanished[0]}): leave them out of the pool with "
-                f"`eada target scan --store {self.folder}`"
+                + how(f"eada target scan --store {self.folder}", "project.scan_target()")
             )
         if not ch.new and self.store.get_meta("pool_scanned") is None:
             return None
@@ -138,7 +138,7 @@ class ProjectBase:
             raise StoreError(
                 f"this project is a {current} run; it cannot take {mode} labels"
                 + (
-                    " (use `eada train --simulate` to continue it)"
+                    f" (continue it with {how('eada train --simulate', 'project.run_simulated()')})"
                     if current == "simulated"
                     else ""
                 )

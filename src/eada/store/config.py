@@ -68,12 +68,17 @@ class StoreOptions(BaseModel):
         label_studio_root: the folder Label Studio serves local files from
             (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); default: the deepest folder holding
             every registered data root.
+        near_duplicate_threshold: two samples of one round whose features (the target
+            domain's rows: a frozen backbone's features, feature rows, decoded pixels; the
+            model's embeddings for images read from disk) have a cosine similarity at or above
+            this are flagged as near-duplicates in the export and the report (never removed).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     target: Literal["auto", "labeled", "unlabeled"] = "auto"
     label_studio_root: Path | None = None
+    near_duplicate_threshold: float = Field(0.95, gt=0.0, le=1.0)
 
 
 def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptions]:

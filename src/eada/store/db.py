@@ -130,6 +130,29 @@ class StoreBusyError(StoreError):
     """Another process held the store's write lock longer than the busy timeout."""
 
 
+_INTERFACE = ["python"]  # "cli" once the `eada` command runs (eada.cli.main says so)
+
+
+def set_interface(name: str) -> None:
+    """Say who drives the store: ``"cli"`` (the ``eada`` command) or ``"python"`` (the
+    default): messages then name the command, or the Python call, to run next."""
+    if name not in ("cli", "python"):
+        raise ValueError(f"interface must be 'cli' or 'python', got {name!r}")
+    _INTERFACE[0] = name
+
+
+def how(cli: str, python: str) -> str:
+    """What to run, in the words of the interface in use, in backticks: the ``eada``
+    command ``cli`` from the command line, the Python call ``python`` otherwise (a
+    :class:`StoreError` raised in a notebook names the API call, not a command).
+
+    Example:
+        >>> how("eada train", "project.train()")
+        '`project.train()`'
+    """
+    return f"`{cli}`" if _INTERFACE[0] == "cli" else f"`{python}`"
+
+
 def busy_timeout() -> float:
     """Seconds to wait for another process's write lock: ``$EADA_BUSY_TIMEOUT`` or 30.
 
@@ -170,8 +193,9 @@ def translate_sqlite_error(err: sqlite3.Error, folder: Path) -> StoreError | Non
     msg = str(err).lower()
     if "readonly" in msg or "read-only" in msg:
         return StoreError(
-            f"the project store {folder} is read-only ({err}): `eada status` and `eada export` "
-            "read it; give this user write permission on the folder to change it"
+            f"the project store {folder} is read-only ({err}): "
+            f"{how('eada status', 'project.status()')} and {how('eada export', 'project.export()')}"
+            " read it; give this user write permission on the folder to change it"
         )
     if "disk is full" in msg or "disk i/o error" in msg:
         return StoreError(
@@ -251,7 +275,8 @@ class Store:
             self.folder.mkdir(parents=True, exist_ok=True)
         elif not self.path.is_file():
             raise StoreError(
-                f"no project store at {self.folder} (expected {self.path}); run `eada init` first"
+                f"no project store at {self.folder} (expected {self.path}); create one first with "
+                + how(f"eada init --store {self.folder}", "eada.create_project(folder, config)")
             )
         self.readonly = not create and not _writable(self.path)
         try:
@@ -364,8 +389,10 @@ class Store:
         """Raise :class:`StoreError` when this process may not write the store."""
         if self.readonly:
             raise StoreError(
-                f"the project store {self.folder} is read-only for this user: `eada status` and "
-                "`eada export` read it; give write permission on the folder to change it"
+                f"the project store {self.folder} is read-only for this user: "
+                f"{how('eada status', 'project.status()')} and "
+                f"{how('eada export', 'project.export()')} read it; give write permission on the "
+                "folder to change it"
             )
 
     @property

@@ -262,7 +262,7 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
     """The query batch as CSV, one sample a row, with an empty ``label`` column to fill."""
     buf = io.StringIO(newline="")
     cols = ["sample_id", "external_id", "round", "rank", "domain", "index", "path"]
-    cols += ["external_path", "predicted", "score", *score_names]
+    cols += ["external_path", "predicted", "score", *score_names, "near_duplicate_of"]
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([*cols, "label", "annotator"])
     for r in rows:
@@ -280,6 +280,7 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
                 csv_safe(r["predicted"]),
                 "" if score is None else repr(float(score)),
                 *[repr(float(r["scores"][k])) for k in score_names],
+                r.get("near_duplicate_of") or "",
                 "",
                 "",
             ]

@@ -15,7 +15,7 @@ import torch
 from eada.store.checkpoints import ProjectCheckpoints, crash_point, file_sha256
 from eada.store.config import FolderData
 from eada.store.data import confine, content_hash, decode_image
-from eada.store.db import StoreError, now
+from eada.store.db import StoreError, how, now
 from eada.store.labelfiles import LabelItem, read_label_file, records_to_items
 from eada.store.unlabeled import external_ids
 from eada.train import SimulatedOracle
@@ -89,7 +89,8 @@ class ProjectLabels(ProjectCheckpoints):
         if not self.target_labeled:
             raise StoreError(
                 "the target of this project is unlabeled: a simulated oracle has no labels to "
-                "reveal (label the queried samples with `eada label import`)"
+                f"reveal (label the queried samples with "
+                f"{how('eada label import FILE', 'project.import_labels(FILE)')})"
             )
         pending = self.pending()
         oracle = SimulatedOracle(self.task.target.y)

@@ -26,7 +26,7 @@ from typing import Any
 from eada.config import ImageListData
 from eada.store.config import FolderData
 from eada.store.data import confine, content_hash
-from eada.store.db import StoreError, now
+from eada.store.db import StoreError, how, now
 from eada.store.targets import _flat_images, read_path_list
 
 Progress = Callable[[str], None] | None
@@ -85,7 +85,8 @@ def changes_note(project: Any) -> str | None:
         parts.append(f"{len(ch.new)} new target file(s) not registered (first: {ch.new[0]})")
     if ch.vanished:
         parts.append(f"{len(ch.vanished)} registered file(s) vanished (first: {ch.vanished[0]})")
-    return f"{'; '.join(parts)}: run `eada target scan --store {project.folder}`"
+    run = how(f"eada target scan --store {project.folder}", "project.scan_target()")
+    return f"{'; '.join(parts)}: run {run}"
 
 
 def scan_target(project: Any, progress: Progress = None) -> dict[str, Any]:
@@ -114,7 +115,8 @@ def scan_target(project: Any, progress: Progress = None) -> dict[str, Any]:
     if ck is not None and ck["kind"] == "epoch":
         raise StoreError(
             "a training segment was interrupted: finish it with "
-            f"`eada train --store {project.folder}` before scanning the target"
+            f"{how(f'eada train --store {project.folder}', 'project.train()')} before scanning "
+            "the target"
         )
     ch = pool_changes(project)
     assert ch is not None

@@ -39,7 +39,7 @@ from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import StoreOptions, absolute_config, resolved_config
 from eada.store.data import confine, default_roots, load_project_data, row_hashes
-from eada.store.db import Store, StoreError
+from eada.store.db import Store, StoreError, how
 from eada.store.exports import model_meta, write_predictions
 from eada.store.labelfiles import ImportFileError, csv_safe, write_atomic
 from eada.store.labels import ImportValidationError
@@ -152,18 +152,20 @@ class Project(ProjectRounds):
             if action == "label":
                 raise StoreError(
                     f"round {self.store.active_rounds()[-1]['number']} awaits labels for "
-                    f"{len(self.pending())} samples: import them with `eada label import FILE` "
-                    "(or pass --epochs N)"
+                    f"{len(self.pending())} samples: import them with "
+                    f"{how('eada label import FILE', 'project.import_labels(FILE)')} (or train "
+                    f"anyway with {how('eada train --epochs N', 'project.train(epochs=N)')})"
                 )
             if action == "query":
                 raise StoreError(
                     f"the model has trained {e0} epochs, the schedule's next round is due: "
-                    "run `eada query` (or pass --epochs N to train anyway)"
+                    f"run {how('eada query', 'project.query()')} (or train anyway with "
+                    f"{how('eada train --epochs N', 'project.train(epochs=N)')})"
                 )
             if action == "done":
                 raise StoreError(
                     f"the schedule ({self.cfg.train.epochs} epochs) is complete; "
-                    "pass --epochs N to train more"
+                    f"train more with {how('eada train --epochs N', 'project.train(epochs=N)')}"
                 )
             plan = self.plan()
             r = len(self.store.active_rounds()) + 1
@@ -188,7 +190,8 @@ class Project(ProjectRounds):
             if (None if now_ck is None else now_ck["id"]) != expected[0]:
                 raise StoreError(
                     f"another process recorded checkpoint {now_ck['path'] if now_ck else None} "
-                    "while this training ran; this one records nothing more: see `eada status`"
+                    "while this training ran; this one records nothing more: see "
+                    + how("eada status", "project.status()")
                 )
 
         def checkpoint(event: str, tr: ActiveDATrainer, info: dict[str, Any]) -> None:
@@ -299,6 +302,7 @@ class Project(ProjectRounds):
                     "selected": n_sel,
                     "labeled": n_lab,
                     "pending": n_sel - n_lab,
+                    "near_duplicates": json.loads(r["info"]).get("near_duplicates", []),
                 }
             )
         labels = self.store.current_labels()

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from eada.store.checkpoints import crash_point
-from eada.store.db import AUDIT, StoreError, now
+from eada.store.db import AUDIT, StoreError, how, now
 from eada.store.labelfiles import (
     export_rows_csv,
     label_studio_config,
@@ -47,7 +47,10 @@ class ProjectRounds(ProjectLabels):
         ck = self.store.latest_checkpoint()
         epoch = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch":
-            raise StoreError("a training segment was interrupted: run `eada train` to finish it")
+            raise StoreError(
+                "a training segment was interrupted: run "
+                f"{how('eada train', 'project.train()')} to finish it"
+            )
         plan = self.plan()
         r = len(rounds) + 1  # the schedule's round
         n_all = len(self.store.rounds())  # its number counts the audit rounds too
@@ -55,12 +58,14 @@ class ProjectRounds(ProjectLabels):
             if r > len(plan):
                 raise StoreError(
                     f"the config plans {len(plan)} rounds and all were queried; "
-                    "pass --budget N for another round"
+                    f"query another round with "
+                    f"{how('eada query --budget N', 'project.query(budget=N)')}"
                 )
             if plan[r - 1]["epoch"] > epoch:
                 raise StoreError(
                     f"round {r} is planned after epoch {plan[r - 1]['epoch']} but the model has "
-                    f"trained {epoch}: run `eada train` first (or pass --budget N to query now)"
+                    f"trained {epoch}: run {how('eada train', 'project.train()')} first (or "
+                    f"query now with {how('eada query --budget N', 'project.query(budget=N)')})"
                 )
             budget = int(plan[r - 1]["budget"])
         trainer = ActiveDATrainer(self.cfg, self.task)
@@ -97,6 +102,11 @@ class ProjectRounds(ProjectLabels):
             )
             for j, pos in enumerate(pool)
         ]
+        info = dict(prop.selection.info)
+        info["near_duplicates"] = near_duplicates(
+            trainer, prop.chosen, target_ids, self.options.near_duplicate_threshold
+        )
+        info["near_duplicate_threshold"] = self.options.near_duplicate_threshold
         rel, sha = self._write_checkpoint(trainer.state_dict(), "query", epoch)
         with self._unused_if_failed(rel), self.store.transaction() as c:
             # the round number and what it was scored from are checked in the writing
@@ -113,7 +123,8 @@ class ProjectRounds(ProjectLabels):
                     f"{len(self.store.rounds())} round(s), {self._n_label_rows()} label rows, "
                     f"latest checkpoint {None if ck_now is None else ck_now['path']}); "
                     "nothing was recorded: "
-                    "see `eada status`, then run `eada query` again if a round is still due"
+                    f"see {how('eada status', 'project.status()')}, then run "
+                    f"{how('eada query', 'project.query()')} again if a round is still due"
                 )
             self._set_mode(mode)
             ck_id = self._record_checkpoint(
@@ -135,7 +146,7 @@ class ProjectRounds(ProjectLabels):
                     epoch,
                     budget,
                     json.dumps(self.cfg.active.model_dump(mode="json")),
-                    json.dumps(prop.selection.info, default=_plain),
+                    json.dumps(info, default=_plain),
                     ck_id,
                     now(),
                 ),
@@ -181,14 +192,18 @@ class ProjectRounds(ProjectLabels):
             raise StoreError(
                 f"round {last} awaits labels for {len(pending)} samples; an audit draws from the "
                 "unlabeled pool, so label that round first "
-                f"(`eada label import FILE --store {self.folder}`)"
+                + "("
+                + how(
+                    f"eada label import FILE --store {self.folder}", "project.import_labels(FILE)"
+                )
+                + ")"
             )
         ck = self.store.latest_checkpoint()
         epoch = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch":
             raise StoreError(
                 "a training segment was interrupted: finish it first "
-                f"(`eada train --store {self.folder}`)"
+                f"({how(f'eada train --store {self.folder}', 'project.train()')})"
             )
         trainer = ActiveDATrainer(self.cfg, self.task)
         if ck is not None:
@@ -229,7 +244,9 @@ class ProjectRounds(ProjectLabels):
             if len(self.store.rounds()) != n_all or self._n_label_rows() != n_label_rows:
                 raise StoreError(
                     "another process changed the project while this audit was drawn; nothing "
-                    f"was recorded: see `eada status --store {self.folder}` and draw it again"
+                    "was recorded: see "
+                    + how(f"eada status --store {self.folder}", "project.status()")
+                    + " and draw it again"
                 )
             self._set_mode("human")
             ck_id = self._record_checkpoint(
@@ -271,11 +288,16 @@ class ProjectRounds(ProjectLabels):
             raise StoreError(f"no round {number} in this project")
         rows = []
         extra = round_rows_extra(self.store.conn)
+        dups = {d["sample_id"]: d for d in json.loads(rnd["info"]).get("near_duplicates", [])}
         for s in self.store.selected(rnd["id"]):
             sc = json.loads(s["scores"])
             pred = sc.pop("predicted")
+            dup = dups.get(s["sample_id"])
             rows.append(
                 {
+                    "near_duplicate_of": None
+                    if dup is None
+                    else f"{dup['of']} (cosine {dup['cosine']:.3f})",
                     **extra.get(s["sample_id"], {}),
                     "score": sc.pop("score", None),
                     "sample_id": s["sample_id"],
@@ -315,6 +337,44 @@ class ProjectRounds(ProjectLabels):
         images = any(r["path"] for r in rows)
         write_atomic(files["label_studio_config"], label_studio_config(self.classes, images))
         return {k: str(v) for k, v in files.items()}
+
+
+def near_duplicates(
+    trainer: Any, chosen: torch.Tensor, target_ids: list[int], threshold: float
+) -> list[dict[str, Any]]:
+    """The near-duplicates of a round: every selected sample whose features have a cosine
+    similarity >= ``threshold`` with a sample ranked before it, as ``{"sample_id", "of"
+    (the most similar earlier-ranked sample), "cosine"}``. Features: the target domain's rows
+    when it holds them in memory (a frozen backbone's features, feature rows, decoded
+    images), else the model's embeddings. Flags only: nothing is removed."""
+    from eada.data.base import TensorDomain
+    from eada.train.evaluate import embed_samples
+
+    if len(chosen) < 2:
+        return []
+    dom = trainer.task.target
+    if isinstance(dom, TensorDomain):
+        x = dom.x[chosen].reshape(len(chosen), -1).float()
+    else:
+        x = torch.as_tensor(
+            embed_samples(
+                trainer.model, dom, chosen, trainer.cfg.train.eval_batch_size, trainer.device
+            )
+        ).float()
+    x = torch.nn.functional.normalize(x, dim=1)
+    sim = x @ x.T
+    out = []
+    for j in range(1, len(chosen)):
+        k = int(sim[j, :j].argmax())
+        if float(sim[j, k]) >= threshold:
+            out.append(
+                {
+                    "sample_id": target_ids[int(chosen[j])],
+                    "of": target_ids[int(chosen[k])],
+                    "cosine": round(float(sim[j, k]), 4),
+                }
+            )
+    return out
 
 
 def _plain(value: Any) -> Any:
