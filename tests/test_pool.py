@@ -163,12 +163,12 @@ def webcam_pool(tmp_path: Path) -> dict[str, object]:
         later.append(files[4])
     cfg = {
         "device": "cpu",
-        "data": {
+        "data": {  # relative to the config file's folder, whatever the working folder
             "kind": "images",
-            "source": str(src),
-            "target": str(tgt),
+            "source": "amazon",
+            "target": "unlabeled",
             "workers": 0,
-            "cache_dir": str(tmp_path / "cache"),
+            "cache_dir": "cache",
         },
         "model": {
             "name": "backbone",
@@ -204,8 +204,24 @@ def test_target_scan_registers_and_extracts_only_new_files(
     monkeypatch.setattr(image_tasks, "extract_features", counting)
     store = str(tmp_path / "P")
     s = ["--store", store]
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # relative config paths: the config's folder
+    assert main(["run", str(webcam_pool["config"]), "--dry-run"]) == 0
+    assert "the round plan fits the target pool (12 samples" in " ".join(
+        capsys.readouterr().out.split()
+    )
     assert main(["init", *s, "--config", str(webcam_pool["config"])]) == 0
     assert sum(extracted) == 12 + 12  # source and target, once
+    assert not (tmp_path / "elsewhere" / "cache").exists() and (tmp_path / "cache").is_dir()
+    # the same config exports its features; the flat unlabeled target without labels
+    capsys.readouterr()
+    assert main(["data", "features", str(webcam_pool["config"]), "--out", "f.npz"]) == 0
+    assert sum(extracted) == 24  # read from the cache init filled
+    assert "next: eada init --store PROJECT --config" in capsys.readouterr().out
+    with np.load(tmp_path / "elsewhere" / "f_target.npz") as z:
+        assert "labels" not in z.files and z["features"].shape[0] == 12
+    with np.load(tmp_path / "elsewhere" / "f_source.npz") as z:
+        assert z["labels"].shape == (12,)
     proj = Project(store)
     before = {r["path"]: r["id"] for r in proj.store.samples("target")}
     proj.close()
@@ -248,7 +264,9 @@ def test_target_scan_registers_and_extracts_only_new_files(
     capsys.readouterr()
     assert main(["query", *s]) == 0  # round 1 awaits labels: its batch is exported again
     assert "1 registered file(s) vanished" in capsys.readouterr().err
-    with pytest.raises(StoreError, match="leave them out of the pool with `eada target scan"):
+    with pytest.raises(
+        StoreError, match=r"leave them out of the pool with `project.scan_target\(\)`"
+    ):
         Project(store).train(epochs=1)
     extracted.clear()
     assert main(["target", "scan", *s]) == 0
@@ -344,3 +362,24 @@ def test_papercuts_version_store_default_and_python_wording(
     monkeypatch.chdir(tmp_path)
     with pytest.raises(StoreError, match=r"create one first with `eada.create_project"):
         Project(tmp_path / "nothing")
+    # a relative path that is not there: the key, the base folder and what was expected
+    (tmp_path / "cfg").mkdir()
+    raw = {
+        "data": {"kind": "images", "source": "../amazon", "target": "my-images"},
+        "model": {"name": "backbone", "backbone": "efficientnet_lite0", "freeze_backbone": True},
+        "active": {"rounds_at": [1], "budget_per_round": 2},
+        "train": {"epochs": 2},
+    }
+    (tmp_path / "cfg" / "C.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir("/")
+    capsys.readouterr()
+    assert (
+        main(["init", "--store", str(tmp_path / "Q"), "--config", str(tmp_path / "cfg/C.yaml")])
+        == 2
+    )
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"image folder or list not found: {tmp_path / 'amazon'}" in err
+    assert f"data.source: ../amazon in {tmp_path / 'cfg/C.yaml'}" in err
+    assert f"resolve against its folder {tmp_path / 'cfg'}" in err
+    assert "expected an image folder (DOMAIN/[images/]CLASS/*.jpg" in err
+    assert not (tmp_path / "Q").exists()

@@ -124,14 +124,19 @@ def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
     from types import SimpleNamespace
 
     from eada.config import ImageListData
-    from eada.data.images import load_image_list
+    from eada.data.images import flat_image_folder, load_image_list
     from eada.data.tasks import load_task
     from eada.train import ActiveDATrainer
 
     try:
         if isinstance(cfg.data, ImageListData):
             d = cfg.data
-            target: Any = load_image_list(d.target, d.root, allow_outside=d.allow_outside_root)
+            flat = flat_image_folder(d.target)  # an unlabeled target (a project config's)
+            target: Any = (
+                flat
+                if flat is not None
+                else load_image_list(d.target, d.root, allow_outside=d.allow_outside_root)
+            )
         else:
             target = load_task(cfg.data, cfg.seed).target
     except OSError as err:  # missing files; a list that is there but bad is an error (exit 2)

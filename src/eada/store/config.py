@@ -15,6 +15,7 @@ from eada.config import (
     apply_overrides,
     parse_config,
     read_yaml_mapping,
+    resolve_config_paths,
 )
 
 
@@ -124,9 +125,10 @@ def absolute_data(raw_data: dict[str, Any]) -> dict[str, Any]:
 
 def load_project_config(path: str | Path, overrides: list[str]) -> tuple[Any, StoreOptions]:
     """A project config file: an experiment config plus an optional ``store:`` section.
-    File paths in ``data`` become absolute (relative to the working folder)."""
+    Relative file paths in ``data`` resolve against the config file's folder (those given in
+    ``overrides`` against the working folder), then become absolute."""
     path = Path(path)
-    raw = read_yaml_mapping(path)
+    raw = resolve_config_paths(read_yaml_mapping(path), path)
     apply_overrides(raw, overrides)
     raw, options = split_store_section(raw)
     if isinstance(raw.get("data"), dict):

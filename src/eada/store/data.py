@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from eada.config import ExperimentConfig
+from eada.config import ExperimentConfig, path_origin
 from eada.data.base import TensorDomain
 from eada.data.images import ImageDataError, open_image, scan_domain_folder
 from eada.data.tasks import Task, load_task
@@ -48,7 +48,7 @@ def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
         ValueError: no class folders or no images.
     """
     if not folder.is_dir():
-        raise FileNotFoundError(f"image folder not found: {folder}")
+        raise FileNotFoundError(f"image folder not found: {folder}{path_origin(folder)}")
     root = folder / "images" if (folder / "images").is_dir() else folder
     try:
         found = scan_domain_folder(folder, extensions=IMAGE_SUFFIXES)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from eada.config import FeatureData, ImageListData
+from eada.config import FeatureData, ImageListData, path_origin
 from eada.data.images import IMAGE_EXTENSIONS, ImageDataError, ImageList, load_image_list
 from eada.store.config import (  # noqa: F401  (their home moved to eada.store.config)
     StoreOptions,
@@ -151,7 +151,7 @@ def unlabeled_images(
     if files is not None:
         return ImageList(name, list(files), [0] * len(files), list(classes)), SampleInfo()
     if not spec.exists():
-        raise FileNotFoundError(f"target not found: {spec}")
+        raise FileNotFoundError(f"target not found: {spec}{path_origin(spec)}")
     if spec.is_dir():
         paths = _flat_images(spec)
         ids: list[str | None] = [None] * len(paths)
