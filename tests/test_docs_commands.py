@@ -51,6 +51,9 @@ NOT_RUN: dict[str, str] = {
     "eada status --store runs/proj --json": "store flow: tests/test_store.py",
     "eada report runs/proj": "store flow: the project report's own tests",
     "eada export --store runs/proj --out runs/final": "store flow: tests/test_store.py",
+    "eada query --store runs/proj --audit 20": "store flow (needs the init above): "
+    "tests/test_pool.py draws and labels an audit round",
+    "eada target scan --store runs/proj": "store flow: tests/test_pool.py grows a pool",
 }
 TEMPLATE = re.compile(r"\[|\||\.\.\.|\$|\b[A-Z][A-Z_0-9]{2,}\b|\bM\b")
 TRAINS = ("eada run ", "eada bench ")
