@@ -110,6 +110,11 @@ def test_audit_gives_an_unbiased_estimate_with_an_interval_in_status(
     assert st["coverage"]["labeled_classes"] == len({truth[i] for i in predicted})
     assert st["accuracy"]["queried"] is None  # an audit is not a queried (biased) round
     assert st["next_command"] == f"eada query --store {s[1]}"
+    import eada
+
+    proj = eada.open_project(s[1])
+    assert eada.accuracy_estimate(proj) == audit  # the Python API gives the same estimate
+    proj.close()
     # the next active round never draws an audit sample, and training never uses their labels
     assert main(["query", *s]) == 0
     proj = Project(tmp_path / "P")
