@@ -286,6 +286,8 @@ def test_target_scan_registers_and_extracts_only_new_files(
         ).fetchone()[0]
         < 0
     )
+    pool = proj.status()["pool"]
+    assert pool["left_out"] == 1 and [x["new"] for x in pool["scans"]] == [4, 0]
     assert proj.train(epochs=1)["epoch"] == 2  # trains on the 15, from the cache
     assert extracted == []
 

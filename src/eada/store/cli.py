@@ -252,6 +252,14 @@ def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
                 f"(95% Wilson interval {lo:.1f}-{hi:.1f}%)"
                 + (f", {a['pending']} await labels" if a["pending"] else "")
             )
+    pool = st.get("pool") or {}
+    if pool.get("scans"):
+        last = pool["scans"][-1]
+        console.print(
+            f"target scans: {len(pool['scans'])}, the last at {last['time']} ({last['new']} new, "
+            f"{last['vanished']} vanished); {pool['left_out']} vanished file(s) left out",
+            soft_wrap=True,
+        )
     cov = st.get("coverage")
     if cov is not None:
         missing = ", ".join(cov["missing"][:10]) + (" ..." if len(cov["missing"]) > 10 else "")

@@ -336,6 +336,12 @@ class Project(ProjectRounds):
             "audit": audit_summary(conn),
             "coverage": class_coverage(conn),
             "pool_predicted": pool_predictions(conn),
+            "pool": {
+                "left_out": conn.execute(
+                    "SELECT COUNT(*) FROM samples WHERE role = 'target' AND position < 0"
+                ).fetchone()[0],
+                "scans": self.store.get_json("target_scans") or [],
+            },
             "next": self.next_action(),
         }
 
