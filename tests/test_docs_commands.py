@@ -58,6 +58,9 @@ NOT_RUN: dict[str, str] = {
     "eada status --store runs/proj": "as above (tests/test_labelstudio_live.py)",
     "eada labelstudio push --store runs/proj": "needs a connected store and a running Label "
     "Studio (tests/test_labelstudio_live.py pushes through eada query)",
+    "eada query --store runs/proj --audit 20": "store flow (needs the init above): "
+    "tests/test_pool.py draws and labels an audit round",
+    "eada target scan --store runs/proj": "store flow: tests/test_pool.py grows a pool",
 }
 TEMPLATE = re.compile(r"\[|\||\.\.\.|\$|\b[A-Z][A-Z_0-9]{2,}\b|\bM\b")
 TRAINS = ("eada run ", "eada bench ")

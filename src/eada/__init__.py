@@ -22,7 +22,16 @@ try:
 except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-_API = ("LoadedModel", "create_project", "import_labels", "load_model", "open_project", "query")
+_API = (
+    "LoadedModel",
+    "accuracy_estimate",
+    "audit",
+    "create_project",
+    "import_labels",
+    "load_model",
+    "open_project",
+    "query",
+)
 
 
 def __getattr__(name: str) -> Any:

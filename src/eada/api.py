@@ -7,6 +7,7 @@ Example (one annotation round; ``proj`` made with ``eada init``)::
     proj = eada.open_project("proj")
     proj.train()                                   # up to the first planned round
     batch = eada.query(proj)                       # dicts: sample_id, path, predicted, score
+    check = eada.audit(proj, 20)                   # uniformly random: an accuracy estimate
     labels = [{"sample_id": b["sample_id"], "label": my_label(b["path"])} for b in batch]
     eada.import_labels(proj, labels, annotator="me")   # or a pandas DataFrame
     proj.train()
@@ -192,6 +193,26 @@ def query(project: Any, budget: int | None = None) -> list[dict[str, Any]]:
     return [{k: v for k, v in s.items() if k not in answer} for s in doc["samples"]]
 
 
+def audit(project: Any, n: int) -> list[dict[str, Any]]:
+    """``eada query --audit N``: draw ``n`` samples uniformly at random from the unlabeled
+    pool (an audit round, outside the schedule; its labels are never trained on) and return
+    them as :func:`query` does. Once labeled (:func:`import_labels`),
+    :func:`accuracy_estimate` gives the unbiased accuracy estimate of the model that
+    predicted them."""
+    out = project.audit(n)
+    doc = json.loads(Path(out["files"]["json"]).read_text())
+    return [{k: v for k, v in s.items() if k not in ("label", "annotator")} for s in doc["samples"]]
+
+
+def accuracy_estimate(project: Any) -> dict[str, Any] | None:
+    """The latest audit round's estimate (``None`` while no audit sample is labeled): the
+    model it is for (``model``: epoch, target labels it trained on, checkpoint file), the
+    ``pool`` it was drawn from, ``labeled``/``predicted_right``, ``accuracy`` in % and its
+    95 % Wilson interval ``ci95`` (``eada status --json``, key ``audit``)."""
+    latest: dict[str, Any] | None = project.status()["audit"]["latest"]
+    return latest
+
+
 def import_labels(
     project: Any,
     labels: Any,
@@ -215,6 +236,8 @@ def import_labels(
 
 __all__ = [
     "LoadedModel",
+    "accuracy_estimate",
+    "audit",
     "create_project",
     "import_labels",
     "load_model",

@@ -124,14 +124,19 @@ def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
     from types import SimpleNamespace
 
     from eada.config import ImageListData
-    from eada.data.images import load_image_list
+    from eada.data.images import flat_image_folder, load_image_list
     from eada.data.tasks import load_task
     from eada.train import ActiveDATrainer
 
     try:
         if isinstance(cfg.data, ImageListData):
             d = cfg.data
-            target: Any = load_image_list(d.target, d.root, allow_outside=d.allow_outside_root)
+            flat = flat_image_folder(d.target)  # an unlabeled target (a project config's)
+            target: Any = (
+                flat
+                if flat is not None
+                else load_image_list(d.target, d.root, allow_outside=d.allow_outside_root)
+            )
         else:
             target = load_task(cfg.data, cfg.seed).target
     except OSError as err:  # missing files; a list that is there but bad is an error (exit 2)
@@ -262,6 +267,9 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``eada`` command."""
     p = argparse.ArgumentParser(prog="eada", description="Active domain adaptation (EADA).")
+    from eada import __version__
+
+    p.add_argument("--version", action="version", version=f"eada {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser(
@@ -364,6 +372,9 @@ def _silence_stdout() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``eada`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    from eada.store.db import set_interface
+
+    set_interface("cli")  # store messages name commands, not Python calls
     try:
         from eada.distributed import launched_distributed
 
@@ -389,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(msg + "\n")  # unwrapped: one line whatever the terminal
 
         return report_error(err, say, argv, getattr(args, "store", None))
+    finally:
+        set_interface("python")  # the caller (a test, a notebook) speaks Python again
     return int(code)
 
 

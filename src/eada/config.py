@@ -10,6 +10,7 @@ Defaults for named benchmarks live in :mod:`eada.hparams` (one registry), not he
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -408,13 +409,94 @@ def validation_message(source: str, err: ValidationError) -> str:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     """Read a YAML/JSON config, apply ``key.sub=value`` overrides, validate.
 
+    Relative data paths written in the file resolve against the file's folder
+    (:func:`resolve_config_paths`); paths given in ``overrides`` against the working folder.
+
     Args:
         path: the config file.
         overrides: e.g. ``["train.epochs=3", "active.strategy=random"]``; values are parsed as YAML.
     """
-    raw = read_yaml_mapping(path)
+    raw = resolve_config_paths(read_yaml_mapping(path), path)
+    raw.pop("store", None)  # a project config's store section: read by the store only
     apply_overrides(raw, overrides or [])
     return parse_config(raw, str(path))
+
+
+DATA_PATH_KEYS = (
+    "source",
+    "target",
+    "heldout",
+    "root",
+    "cache_dir",
+    "source_labels",
+    "target_labels",
+    "heldout_labels",
+    "gtav_root",
+    "cityscapes_root",
+)
+"""The ``data`` keys that hold file paths (``source``/``target`` only where the kind reads
+files: not ``toy``, and not ``digits``, whose source and target are dataset names)."""
+
+_EXPECTED = {
+    "images": "an image folder (DOMAIN/[images/]CLASS/*.jpg, or a flat folder for an "
+    "unlabeled target) or a list file (.txt 'path label' lines, or .csv)",
+    "folders": "an image folder (DOMAIN/[images/]CLASS/*.jpg, or a flat folder for an "
+    "unlabeled target)",
+    "features": "a feature file (.npy, .npz, .mat, .parquet)",
+}
+
+
+def _path_keys(data: dict[str, Any]) -> list[str]:
+    kind = data.get("kind")
+    if kind == "toy":
+        return []
+    if kind == "digits":
+        return [k for k in ("root",) if data.get(k) is not None]
+    return [k for k in DATA_PATH_KEYS if isinstance(data.get(k), str | Path)]
+
+
+def resolve_config_paths(raw: dict[str, Any], config_file: str | Path) -> dict[str, Any]:
+    """``raw`` with the relative file paths of its ``data`` section resolved against the
+    config file's folder: relative to the working folder when the config file is named by a
+    relative path (so a config run from the repository root records the same paths as
+    before this rule), absolute when it is named by an absolute one.
+
+    Nothing is opened here (``eada run --dry-run`` touches no data); a loader that does not
+    find a path says where it came from (:func:`path_origin`).
+    """
+    data = raw.get("data")
+    if not isinstance(data, dict):
+        return raw
+    base = Path(config_file).parent
+    out = dict(data)
+    for key in _path_keys(out):
+        given = Path(str(out[key]))
+        if given.is_absolute():
+            continue
+        joined = Path(os.path.normpath(base / given))
+        # a config named by a relative path gives paths relative to the working folder
+        # (from the repository root, configs/x.yaml's ../../shared/data/y is recorded as
+        # ../shared/data/y, as before this rule), one named by an absolute path absolute ones
+        out[key] = str(joined if not base.is_absolute() else joined.absolute())
+        what = _EXPECTED.get(str(out.get("kind")), "a folder or file")
+        note = (
+            f" (data.{key}: {given} in {config_file}; relative paths in a config resolve "
+            f"against its folder {base.absolute()}; expected {what})"
+        )
+        for form in (joined, joined.absolute()):
+            _ORIGINS[os.path.normpath(form)] = note
+    return {**raw, "data": out}
+
+
+_ORIGINS: dict[str, str] = {}
+
+
+def path_origin(path: str | Path) -> str:
+    """Where a data path came from, for a not-found message: the config key, the file, the
+    folder relative paths resolved against and what was expected there (``""`` for a path
+    no config file resolved, e.g. one given on the command line)."""
+    p = os.path.normpath(path)
+    return _ORIGINS.get(p) or _ORIGINS.get(os.path.normpath(Path(p).absolute()), "")
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:

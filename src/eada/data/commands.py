@@ -52,6 +52,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_features(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import yaml
+
     from eada.config import load_config
     from eada.data.export import export_features
 
@@ -59,7 +61,10 @@ def _cmd_features(args: argparse.Namespace) -> int:
     files = export_features(cfg, Path(args.out), args.device)
     for role, path in files.items():  # plain lines: paths must not wrap in a log
         print(f"{role}: {path}")
-    print(f"train on them: eada run {files['config']}")
+    if "store" in (yaml.safe_load(files["config"].read_text()) or {}):  # unlabeled target
+        print(f"next: eada init --store PROJECT --config {files['config']}")
+    else:
+        print(f"train on them: eada run {files['config']}")
     return 0
 
 

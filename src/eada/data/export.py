@@ -49,20 +49,21 @@ def output_paths(out: Path, roles: list[str]) -> dict[str, Path]:
 def write_feature_file(
     path: Path,
     features: np.ndarray,
-    labels: np.ndarray,
+    labels: np.ndarray | None,
     paths: list[str],
     classes: list[str],
     domain: str,
     meta: dict[str, str],
 ) -> Path:
-    """Write one domain's features (see the module docstring) as ``.npz`` or ``.parquet``."""
+    """Write one domain's features (see the module docstring) as ``.npz`` or ``.parquet``
+    (``labels=None``: an unlabeled domain, written without labels)."""
     features = np.ascontiguousarray(features, dtype=np.float32)
-    labels = np.asarray(labels, dtype=np.int64)
+    labeled = {} if labels is None else {"labels": np.asarray(labels, dtype=np.int64)}
     tmp = path.with_name(path.name + ".tmp" + path.suffix)
     if path.suffix == ".npz":
         arrays: dict[str, np.ndarray] = {
             "features": features,
-            "labels": labels,
+            **labeled,
             "paths": np.array(paths, dtype=str),
             "classes": np.array(classes, dtype=str),
             "domain": np.array(domain),
@@ -78,9 +79,9 @@ def write_feature_file(
         table = pa.table(
             {
                 "features": col,
-                "labels": pa.array(labels),
+                **{k: pa.array(v) for k, v in labeled.items()},
                 "paths": pa.array(paths),
-                "domain": pa.array([domain] * len(labels)),
+                "domain": pa.array([domain] * len(paths)),
             }
         )
         extra = {"classes": json.dumps(classes), **meta}
@@ -104,7 +105,13 @@ def export_features(cfg: ExperimentConfig, out: Path, device: str = "cpu") -> di
         ConfigError: ``cfg`` has no image data, or ``out`` is neither ``.npz`` nor
             ``.parquet``.
     """
-    from eada.data.image_tasks import cached_feature_domains, checked_image_lists, image_domains
+    from eada.data.image_tasks import (
+        cached_feature_domains,
+        checked_image_lists,
+        drop_bad_images,
+        image_domains,
+    )
+    from eada.data.images import ImageList, flat_image_folder, load_image_list
 
     if not isinstance(cfg.data, ImageListData):
         raise ConfigError(
@@ -114,7 +121,18 @@ def export_features(cfg: ExperimentConfig, out: Path, device: str = "cpu") -> di
     output_paths(out, [])  # check the name before any work
     model = cfg.model.model_copy(update={"freeze_backbone": True})
     check = cached_feature_domains(cfg.data, model, device, _say)
-    lists, _ = checked_image_lists(cfg.data, check, check.extract if check else None)
+    flat = flat_image_folder(cfg.data.target)  # an unlabeled target: no labels to write
+    if flat is None:
+        lists, _ = checked_image_lists(cfg.data, check, check.extract if check else None)
+    else:
+        d = cfg.data
+        src = load_image_list(d.source, d.root, allow_outside=d.allow_outside_root)
+        tgt = ImageList(Path(d.target).name, flat, [0] * len(flat), list(src.classes))
+        if not flat:
+            raise ConfigError(f"data.target {d.target}: a folder without images")
+        lists = {"source": src, "target": tgt}
+        extract = check.extract if check else None
+        lists, _ = drop_bad_images(lists, d.skip_bad_images, check, extract)
     domains, notes = image_domains(cfg.data, model, lists, device, _say, check)
     feats = {role: d.x for role, d in domains.items()}
     files = output_paths(out, list(lists))
@@ -125,7 +143,7 @@ def export_features(cfg: ExperimentConfig, out: Path, device: str = "cpu") -> di
         write_feature_file(
             files[role],
             feats[role].numpy(),
-            np.asarray(il.labels),
+            None if flat is not None and role == "target" else np.asarray(il.labels),
             [str(p) for p in il.paths],
             list(il.classes),
             il.name,
@@ -144,6 +162,8 @@ def export_features(cfg: ExperimentConfig, out: Path, device: str = "cpu") -> di
         data=data,
         model=dict(FEATURE_MODEL),
     )
+    if flat is not None:  # a project config: `eada init --config OUT.yaml`
+        raw["store"] = {"target": "unlabeled"}
     header = (
         f"# features of {info['backbone']} ({info['weights']}, test view) written by "
         "`eada data features`;\n# the model is the frozen-backbone configs' head (linear + "

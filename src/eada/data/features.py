@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from eada.config import path_origin
 from eada.data.base import TensorDomain
 from eada.models.engines import EngineName, FeatureEngine, feature_engine
 from eada.runs import tmp_name
@@ -81,7 +82,7 @@ def read_feature_file(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"feature file not found: {path}")
+        raise FileNotFoundError(f"feature file not found: {path}{path_origin(path)}")
     try:
         x, y, fkey, lkey = _read_arrays(path, labels, features_key, labels_key)
     except ValueError as err:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from eada.config import path_origin
 from eada.runs import sha256_file
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".webp")
@@ -131,7 +132,10 @@ def read_image_list(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"image list not found: {path}")
+        raise FileNotFoundError(
+            f"image folder or list not found: {path}"
+            + (path_origin(path) or " (expected a folder DOMAIN/[images/]CLASS/*.jpg or a list)")
+        )
     base = Path(root) if root is not None else path.parent
     real_base = os.path.realpath(base)
     outside: list[str] = []
@@ -222,7 +226,7 @@ def scan_domain_folder(
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"domain folder not found: {folder}")
+        raise FileNotFoundError(f"domain folder not found: {folder}{path_origin(folder)}")
     base = folder / "images" if (folder / "images").is_dir() else folder
     found = sorted(d.name for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
     if not found:
@@ -242,6 +246,23 @@ def scan_domain_folder(
                 paths.append(f.resolve())
                 labels.append(y)
     return ImageList(folder.name, paths, labels, names)
+
+
+def flat_image_folder(path: str | Path) -> list[Path] | None:
+    """The images of a folder WITHOUT class folders (an unlabeled target: every image under
+    it, recursively, sorted, resolved), or ``None`` when ``path`` is not such a folder (a
+    list file, class folders, nothing there)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    base = folder / "images" if (folder / "images").is_dir() else folder
+    if any(d.is_dir() and not d.name.startswith(".") for d in base.iterdir()):
+        return None
+    return sorted(
+        p.resolve()
+        for p in folder.rglob("*")
+        if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith(".")
+    )
 
 
 def load_image_list(

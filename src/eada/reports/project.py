@@ -84,6 +84,7 @@ def _queried_grid(project: Any, figs: _Figures, per_round: int) -> str:
     rows: list[tuple[Any, ...]] = []
     table: list[list[Any]] = []
     for rnd in project.store.rounds():
+        name = f"{'audit ' if rnd['strategy'] == 'audit' else ''}round {rnd['number']}"
         imgs: list[np.ndarray] = []
         caps: list[str] = []
         wrong: list[bool] = []
@@ -93,9 +94,7 @@ def _queried_grid(project: Any, figs: _Figures, per_round: int) -> str:
             ans = answers.get(s["sample_id"])
             shown = label or (f"skipped: {ans['skip_reason']}" if ans is not None else "-")
             who = "-" if ans is None else ans["annotator"]
-            table.append(
-                [rnd["number"], s["rank"] + 1, s["sample_id"], s["path"] or "-", pred, shown, who]
-            )
+            table.append([name, s["rank"] + 1, s["sample_id"], s["path"] or "-", pred, shown, who])
             if len(imgs) >= per_round or not s["path"]:
                 continue
             img = _thumbnail(s["path"])
@@ -106,7 +105,7 @@ def _queried_grid(project: Any, figs: _Figures, per_round: int) -> str:
             caps.append(f"#{s['rank'] + 1} p={pred} y={'skipped' if skip else label or '?'}")
             wrong.append(label is not None and label != pred)
         if imgs:
-            rows.append((f"round {rnd['number']}", np.stack(imgs), caps, wrong))
+            rows.append((name, np.stack(imgs), caps, wrong))
     out = []
     if rows:
         out.append(
@@ -178,13 +177,30 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
             "-"
             if q_by_round.get(r["round"], {}).get("accuracy") is None
             else f"{q_by_round[r['round']]['accuracy']:.1f}",
+            ", ".join(
+                f"{d['sample_id']}~{d['of']} ({d['cosine']:.3f})" for d in r["near_duplicates"]
+            )
+            or "-",
         ]
         for r in st["rounds"]
     ]
     head = ["round", "epoch", "strategy", "selected", "labeled", "skipped", "pending"]
     head.append("queried acc. %*")
+    head.append("near-duplicates**")
     parts.append(_table(head, rounds) if rounds else "<p>No round queried yet.</p>")
     parts.append(f'<p class="note">* queried accuracy: {_e(QUERIED_NOTE)}</p>')
+    thr = project.options.near_duplicate_threshold
+    parts.append(
+        '<p class="note">** near-duplicates: sample A~B when A\'s features have a cosine '
+        f"similarity of at least {thr} (<code>store.near_duplicate_threshold</code>) with B, "
+        "selected before it in the same round; flagged, never removed.</p>"
+    )
+    if any(r["strategy"] == "audit" for r in st["rounds"]):
+        parts.append(
+            '<p class="note">strategy <code>audit</code>: a uniformly random audit round '
+            "(<code>eada query --audit N</code>), kept out of the active rounds and of "
+            "training; its estimate is under Accuracy.</p>"
+        )
     parts.append("<h2>Labels over time</h2>")
     imports = list(project.store.conn.execute("SELECT * FROM imports ORDER BY id"))
     rows = [
@@ -226,6 +242,35 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
         a = acc.get(key)
         if a is not None:
             lines.append(f"<li>{label}: <b>{a['accuracy']:.2f}%</b> ({_e(a['note'])})</li>")
+    for r in st["audit"]["rounds"]:
+        m = r["model"]
+        what = (
+            f"audit round {r['round']}: {r['drawn']} drawn uniformly from a pool of {r['pool']}, "
+            f"model of epoch {m['epoch']} trained on {m['trained_labels']} target labels"
+        )
+        if r["accuracy"] is None:
+            lines.append(f"<li>{_e(what)}: no label yet</li>")
+        else:
+            lo, hi = r["ci95"]
+            lines.append(
+                f"<li>{_e(what)}: <b>{r['accuracy']:.1f}%</b> (95% Wilson interval "
+                f"{lo:.1f}-{hi:.1f}%; {r['predicted_right']}/{r['labeled']} right)</li>"
+            )
+    if st["audit"]["rounds"]:
+        lines.append(f'<li class="note">audit: {_e(st["audit"]["note"])}</li>')
+    cov = st["coverage"]
+    lines.append(
+        f"<li>labeled classes: {cov['labeled_classes']} of {cov['classes']}"
+        + (f" (no label yet: {_e(', '.join(cov['missing']))})" if cov["missing"] else "")
+        + "</li>"
+    )
+    pp = st["pool_predicted"]
+    if pp is not None:
+        dist = ", ".join(f"{k} {v}" for k, v in pp["counts"].items())
+        lines.append(
+            f"<li>predicted classes of the pool scored at round {pp['round']} ({pp['n']} "
+            f"samples, model of epoch {pp['epoch']}): {_e(dist)}</li>"
+        )
     if not project.target_labeled:
         lines.append(
             "<li>whole target: not measurable (the target is unlabeled; no accuracy is computed "

@@ -25,6 +25,7 @@ from eada.config import (
     apply_overrides,
     check_rounds,
     read_yaml_mapping,
+    resolve_config_paths,
     validation_message,
 )
 from eada.strategies import STRATEGIES, check_params
@@ -292,6 +293,6 @@ def load_seg_config(path: str | Path, overrides: list[str] | None = None) -> Seg
     Example:
         >>> cfg = load_seg_config("configs/seg_synthetic.yaml", ["seed=3"])  # doctest: +SKIP
     """
-    raw = read_yaml_mapping(path)
+    raw = resolve_config_paths(read_yaml_mapping(path), path)  # against the file's folder
     apply_overrides(raw, overrides or [])
     return parse_seg_config(raw, str(path))

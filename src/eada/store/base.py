@@ -9,10 +9,12 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from eada.data.tasks import Task
 from eada.store.config import StoreOptions, build_config
 from eada.store.data import load_project_data, row_hashes
-from eada.store.db import Store, StoreError
+from eada.store.db import Store, StoreError, how
 from eada.store.unlabeled import hide_guessed_accuracy
 from eada.train import ActiveDATrainer
 
@@ -38,7 +40,8 @@ class ProjectBase:
     def task(self) -> Task:
         """The project's domains, loaded once and checked against the registered hashes."""
         if self._task is None:
-            task, paths, _ = load_project_data(self.cfg, self.target_labeled)
+            files = self.registered_pool()
+            task, paths, _ = load_project_data(self.cfg, self.target_labeled, target_files=files)
             for role, dom in (("source", task.source), ("target", task.target)):
                 reg = self.store.samples(role)
                 if len(reg) != len(dom):
@@ -63,23 +66,53 @@ class ProjectBase:
             self._task = task
         return self._task
 
+    def registered_pool(self) -> list[Path] | None:
+        """The files an unlabeled image target is loaded from: the registered ones in
+        position order once the pool has changed (``eada target scan`` ran, or files were
+        added since), ``None`` (the config's folder or list, as at init) otherwise.
+
+        Raises:
+            StoreError: registered files vanished, naming ``eada target scan``.
+        """
+        from eada.store.pool import pool_changes
+
+        ch = pool_changes(self)
+        if ch is None:
+            return None
+        if ch.vanished:
+            raise StoreError(
+                f"{len(ch.vanished)} registered target file(s) vanished (first: "
+                f"{ch.vanished[0]}): leave them out of the pool with "
+                + how(f"eada target scan --store {self.folder}", "project.scan_target()")
+            )
+        if not ch.new and self.store.get_meta("pool_scanned") is None:
+            return None
+        return [Path(r["path"]) for r in self.store.samples("target")]
+
     def _target_ids(self) -> list[int]:
         return [r["id"] for r in self.store.samples("target")]
+
+    def _audit_mask(self) -> torch.Tensor:
+        """Boolean mask over the target of the samples audit rounds drew: kept out of the
+        active rounds' pool, and their labels out of training."""
+        ids = self.store.audit_sample_ids()
+        return torch.tensor([sid in ids for sid in self._target_ids()], dtype=torch.bool)
 
     def plan(self) -> list[dict[str, Any]]:
         """The config's rounds: ``round``, ``epoch``, ``budget``."""
         return ActiveDATrainer(self.cfg, self.task).plan
 
     def pending(self) -> list[sqlite3.Row]:
-        """Selected samples of the last round that have no label yet."""
-        rounds = self.store.rounds()
+        """Selected samples of the last active round (not an audit round) that have no label
+        yet."""
+        rounds = self.store.active_rounds()
         if not rounds:
             return []
         return list(
             self.store.conn.execute(
                 "SELECT rs.sample_id, s.position FROM round_samples rs "
                 "JOIN samples s ON s.id = rs.sample_id WHERE rs.round_id = ? AND "
-                "rs.rank IS NOT NULL AND NOT EXISTS "
+                "rs.rank IS NOT NULL AND s.position >= 0 AND NOT EXISTS "
                 "(SELECT 1 FROM labels l WHERE l.sample_id = rs.sample_id) ORDER BY rs.rank",
                 (rounds[-1]["id"],),
             )
@@ -94,7 +127,7 @@ class ProjectBase:
         if ck is not None and ck["kind"] == "epoch":
             return "train"  # a training segment was interrupted
         plan = self.plan()
-        r = len(self.store.rounds()) + 1
+        r = len(self.store.active_rounds()) + 1
         if r <= len(plan) and plan[r - 1]["epoch"] <= epoch:
             return "query"
         return "train" if epoch < self.cfg.train.epochs else "done"
@@ -105,7 +138,7 @@ class ProjectBase:
             raise StoreError(
                 f"this project is a {current} run; it cannot take {mode} labels"
                 + (
-                    " (use `eada train --simulate` to continue it)"
+                    f" (continue it with {how('eada train --simulate', 'project.run_simulated()')})"
                     if current == "simulated"
                     else ""
                 )

@@ -116,4 +116,11 @@ class ProjectCheckpoints(ProjectBase):
                 f"checkpoint {path} cannot be loaded as tensors ({type(err).__name__}: {first}); "
                 "it was not written by eada or is damaged, and nothing in it was run"
             ) from None
+        mask = state.get("labeled_mask")
+        n = len(self.store.samples("target"))
+        if isinstance(mask, torch.Tensor) and mask.shape[0] != n and row["kind"] != "epoch":
+            # the pool grew or shrank since (`eada target scan`): the labeled set is set
+            # again from the store before any use, so only its size matters here
+            state["labeled_mask"] = torch.zeros(n, dtype=torch.bool)
+            state["target_labels"] = torch.full((n,), -1, dtype=torch.long)
         return state

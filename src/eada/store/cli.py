@@ -5,11 +5,13 @@ eada init --store DIR (--preset NAME [--method M] | --config FILE.yaml
                        [--allow-root DIR ...] [--threads N]
 eada query --store DIR [--budget N] [--threads N]
                                                score the pool, select, export CSV/JSON/Label Studio
+eada query --store DIR --audit N               N uniformly random samples: an accuracy estimate
 eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried] [--force]
 eada train --store DIR [--epochs N | --partial] [--simulate]
 eada labelstudio connect --store DIR --url URL [--project ID]   a live Label Studio project
 eada labelstudio pull --store DIR [--force] | push --store DIR
 eada serve --store DIR [--host H] [--port P]  Label Studio ML backend (health/setup/predict/webhook)
+eada target scan --store DIR                   register new target files, leave out vanished ones
 eada status --store DIR [--json]
 eada export --store DIR --out DIR [--force]    labels (CSV) and the final model (weights + JSON)
 """
@@ -27,7 +29,35 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
-DEFAULT_STORE = os.environ.get("EADA_STORE", "eada-project")
+FALLBACK_STORE = "eada-project"
+DEFAULT_STORE = os.environ.get("EADA_STORE", FALLBACK_STORE)  # as the help shows it
+
+
+def default_store() -> str:
+    """``--store`` when none is given: ``$EADA_STORE``, else the current folder when it holds
+    a project store (``eada.sqlite``), else ``eada-project``."""
+    env = os.environ.get("EADA_STORE")
+    if env:
+        return env
+    return "." if Path("eada.sqlite").is_file() else FALLBACK_STORE
+
+
+def _say_next(command: str) -> None:
+    """``next: COMMAND`` on one unwrapped line (a command one can paste)."""
+    console.print(f"next: {command}", soft_wrap=True, highlight=False)
+
+
+def next_command(action: str, store: str, proj: Any = None) -> str:
+    """The full command (one can paste it) for the schedule's next ``action`` (``label``,
+    ``query``, ``train``, ``done``) of the project at ``store``."""
+    s = store if " " not in store else f"'{store}'"
+    if action == "label":
+        rounds = proj.store.active_rounds() if proj is not None else []
+        f = f"{s}/exports/round-{rounds[-1]['number']:03d}.csv" if rounds else "FILE"
+        return f"eada label import {f} --store {s}   (once its label column is filled)"
+    if action == "done":
+        return f"eada export --store {s} --out {s}/final   (the schedule is complete)"
+    return f"eada {action} --store {s}"
 
 
 def _log(msg: str) -> None:
@@ -39,6 +69,8 @@ def _log(msg: str) -> None:
 def _project(args: argparse.Namespace) -> Any:
     from eada.store import Project
 
+    if args.store is None:
+        args.store = default_store()
     return Project(args.store)
 
 
@@ -77,33 +109,46 @@ def _cmd_init(args: argparse.Namespace) -> int:
         }
         cfg = build_config(apply_overrides(raw, args.set), "--source-dir/--target-dir project")
     roots = [Path(r) for r in args.allow_root]
+    if args.store is None:
+        args.store = os.environ.get("EADA_STORE") or FALLBACK_STORE
     proj = init_project(args.store, cfg, roots, options, progress=_log)
     st = proj.status()
     labeled = "labeled" if proj.target_labeled else "unlabeled"
     console.print(
         f"project {args.store}: {len(proj.store.samples('source'))} source and "
         f"{st['n_target']} {labeled} target samples, {len(proj.classes)} classes; "
-        f"plan: {len(proj.plan())} rounds; next: eada train --store {args.store}"
+        f"plan: {len(proj.plan())} rounds"
     )
+    _say_next(f"eada train --store {args.store}")
     return 0
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
     proj = _project(args)
-    out = proj.query(budget=args.budget)
+    _note_pool(proj)
+    if args.audit is not None:
+        if args.budget is not None:
+            raise ValueError("--audit N draws N random samples; drop --budget")
+        out = proj.audit(args.audit)
+        console.print(
+            f"round {out['round']}: {out['selected']} samples drawn uniformly at random from a "
+            f"pool of {out['pool']} (audit round)"
+        )
+    else:
+        out = proj.query(budget=args.budget)
+        if out["reexported"]:
+            console.print(
+                f"round {out['round']}: {out['pending']} of its {out['selected']} samples still "
+                f"await an answer ({out['labeled']} labeled, {out['skipped']} skipped); "
+                "exported again"
+            )
+        else:
+            console.print(f"round {out['round']}: {out['selected']} samples selected")
     if out.get("labelstudio_error"):
         _log(
             f"warning: the round is recorded and exported, but Label Studio did not take it: "
             f"{out['labelstudio_error']}; retry with `eada labelstudio push --store {args.store}`"
         )
-    if out["reexported"]:
-        console.print(
-            f"round {out['round']}: {out['pending']} of its {out['selected']} samples still "
-            f"await an answer ({out['labeled']} labeled, {out['skipped']} skipped); "
-            "exported again"
-        )
-    else:
-        console.print(f"round {out['round']}: {out['selected']} samples selected")
     for k, v in out["files"].items():
         console.print(f"  {k:<20} {v}")
     if "json" in out["files"]:
@@ -113,6 +158,36 @@ def _cmd_query(args: argparse.Namespace) -> int:
             console.print(f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root}")
         elif doc.get("label_studio_note"):
             console.print(f"  Label Studio: {doc['label_studio_note']}")
+    if "csv" in out["files"]:
+        _say_next(
+            f"eada label import {out['files']['csv']} --store {args.store}   "
+            "(once its label column is filled)"
+        )
+    return 0
+
+
+def _note_pool(proj: Any) -> None:
+    """Say on stderr when the target's files changed since registered (naming the command)."""
+    note = proj.pool_note()
+    if note is not None:
+        _log(f"note: {note}")
+
+
+def _cmd_target_scan(args: argparse.Namespace) -> int:
+    proj = _project(args)
+    out = proj.scan_target(progress=_log)
+    console.print(
+        f"target scan of {args.store}: {len(out['new'])} new file(s) registered, "
+        f"{len(out['returned'])} returned, {len(out['vanished'])} vanished (left out of the "
+        f"pool), {len(out['bad'])} unreadable (not registered); features extracted for "
+        f"{out['extracted']} image(s); the pool holds {out['n_target']} samples",
+        soft_wrap=True,
+    )
+    for p in out["vanished"]:
+        console.print(f"  vanished: {p}", soft_wrap=True, highlight=False)
+    for p, why in out["bad"].items():
+        console.print(f"  unreadable: {p} ({why})", soft_wrap=True, highlight=False)
+    _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 
 
@@ -120,6 +195,7 @@ def _cmd_label_import(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.import_labels(args.file, args.annotator, args.allow_unqueried, args.force)
     console.print(f"imported {args.file} ({out['format']}): {import_summary(out)}")
+    _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 
 
@@ -140,11 +216,12 @@ def import_summary(out: dict[str, Any]) -> str:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     proj = _project(args)
+    _note_pool(proj)
     if args.simulate:
         if args.epochs is not None:
             raise ValueError("--simulate follows the config's schedule; drop --epochs")
         st = proj.run_simulated(progress=_log)
-        _print_status(st)
+        _print_status(st, args.store, proj)
         return 0
     if args.partial and args.epochs is not None:
         raise ValueError("--partial trains up to the next planned round; drop --epochs")
@@ -157,9 +234,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     ]
     console.print(
         f"trained epochs {out['from_epoch']}->{out['epoch']} with {out['n_labeled']} target "
-        f"labels: {'; '.join(accs) or 'no labeled split to measure accuracy on'}; "
-        f"next: {proj.next_action()}"
+        f"labels: {'; '.join(accs) or 'no labeled split to measure accuracy on'}"
     )
+    _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 
 
@@ -210,12 +287,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_status(st: dict[str, Any]) -> None:
+def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
     console.print(
         f"mode {st['mode']}, epoch {st['epoch']}, labeled {st['n_labeled']}/{st['n_target']} "
         f"({st['budget_spent_percent']:.2f}% of the target), skipped {st['n_skipped']}, "
-        f"corrections {st['corrections']}, next: {st['next']}"
+        f"corrections {st['corrections']}"
     )
+    _say_next(next_command(st["next"], store, proj))
     cols = ("round", "epoch", "strategy", "selected", "labeled", "skipped", "pending")
     t = Table(title="rounds")
     for col in cols:
@@ -251,16 +329,57 @@ def _print_status(st: dict[str, Any]) -> None:
         a = acc.get(key)
         if a is not None:
             console.print(f"{name} accuracy {a['accuracy']:.2f}% ({a['note']})")
-    if not any(acc.get(k) for k in ("heldout", "target", "queried")):
+    audit = st.get("audit") or {}
+    if not any(acc.get(k) for k in ("heldout", "target", "queried")) and not audit.get("latest"):
         console.print("accuracy: nothing labeled to measure it on yet")
+    for a in audit.get("rounds", []):
+        m = a["model"]
+        head = (
+            f"audit round {a['round']} ({a['drawn']} drawn uniformly from a pool of {a['pool']}; "
+            f"model of epoch {m['epoch']} trained on {m['trained_labels']} target labels)"
+        )
+        if a["accuracy"] is None:
+            console.print(f"{head}: no label yet")
+        else:
+            lo, hi = a["ci95"]
+            console.print(
+                f"{head}: {a['predicted_right']}/{a['labeled']} right -> {a['accuracy']:.1f}% "
+                f"(95% Wilson interval {lo:.1f}-{hi:.1f}%)"
+                + (f", {a['pending']} await labels" if a["pending"] else "")
+            )
+    pool = st.get("pool") or {}
+    if pool.get("scans"):
+        last = pool["scans"][-1]
+        console.print(
+            f"target scans: {len(pool['scans'])}, the last at {last['time']} ({last['new']} new, "
+            f"{last['vanished']} vanished); {pool['left_out']} vanished file(s) left out",
+            soft_wrap=True,
+        )
+    cov = st.get("coverage")
+    if cov is not None:
+        missing = ", ".join(cov["missing"][:10]) + (" ..." if len(cov["missing"]) > 10 else "")
+        console.print(
+            f"labeled classes: {cov['labeled_classes']} of {cov['classes']}"
+            + (f" (no label yet: {missing})" if cov["missing"] else "")
+        )
+    pp = st.get("pool_predicted")
+    if pp is not None:
+        top = ", ".join(f"{k} {v}" for k, v in list(pp["counts"].items())[:8])
+        console.print(
+            f"predicted classes of the pool scored at round {pp['round']} ({pp['n']} samples, "
+            f"model of epoch {pp['epoch']}): {top}"
+            + (f" ... ({len(pp['counts'])} classes)" if len(pp["counts"]) > 8 else "")
+        )
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    st = _project(args).status()
+    proj = _project(args)
+    st = proj.status()
     if args.json:
+        st["next_command"] = next_command(st["next"], args.store, proj)
         sys.stdout.write(json.dumps(st, indent=1) + "\n")
     else:
-        _print_status(st)
+        _print_status(st, args.store, proj)
     return 0
 
 
@@ -278,8 +397,11 @@ def add_store_commands(sub: Any) -> None:
     def store_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--store",
-            default=DEFAULT_STORE,
-            help=f"project folder (default $EADA_STORE or {DEFAULT_STORE})",
+            default=None,
+            help=(
+                "project folder (default: $EADA_STORE, else the current folder when it holds "
+                f"eada.sqlite, else {FALLBACK_STORE})"
+            ),
         )
 
     p = sub.add_parser("init", help="create a project store: register source and target data")
@@ -320,6 +442,16 @@ def add_store_commands(sub: Any) -> None:
     store_arg(p)
     p.add_argument("--budget", type=int, default=None, help="override the planned batch size")
     add_threads_argument(p)
+    p.add_argument(
+        "--audit",
+        type=int,
+        default=None,
+        metavar="N",
+        help=(
+            "draw N samples uniformly at random from the unlabeled pool (an audit round, "
+            "outside the schedule): their labels give an unbiased accuracy estimate"
+        ),
+    )
     p.set_defaults(func=_cmd_query)
 
     lab = sub.add_parser("label", help="label files")
@@ -395,6 +527,15 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=9090, help="port (0: a free one)")
     p.set_defaults(func=_cmd_serve)
+
+    tg = sub.add_parser("target", help="the target pool of a project")
+    tsub = tg.add_subparsers(dest="target_command", required=True)
+    p = tsub.add_parser(
+        "scan",
+        help="register new target files (features for the new ones only), leave out vanished",
+    )
+    store_arg(p)
+    p.set_defaults(func=_cmd_target_scan)
 
     p = sub.add_parser("status", help="rounds, budget spent, accuracy history")
     store_arg(p)

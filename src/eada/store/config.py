@@ -15,6 +15,7 @@ from eada.config import (
     apply_overrides,
     parse_config,
     read_yaml_mapping,
+    resolve_config_paths,
 )
 from eada.store.roots import unsafe_document_root
 
@@ -74,6 +75,10 @@ class StoreOptions(BaseModel):
             ``refuse`` (default: the import names both annotators and labels, exits 2 and
             changes nothing unless ``--force``) or ``newest-wins`` (it replaces it; the
             history keeps both).
+        near_duplicate_threshold: two samples of one round whose features (the target
+            domain's rows: a frozen backbone's features, feature rows, decoded pixels; the
+            model's embeddings for images read from disk) have a cosine similarity at or above
+            this are flagged as near-duplicates in the export and the report (never removed).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -81,6 +86,7 @@ class StoreOptions(BaseModel):
     target: Literal["auto", "labeled", "unlabeled"] = "auto"
     label_studio_root: Path | None = None
     conflicts: Literal["refuse", "newest-wins"] = "refuse"
+    near_duplicate_threshold: float = Field(0.95, gt=0.0, le=1.0)
 
     @field_validator("label_studio_root")
     @classmethod
@@ -134,9 +140,10 @@ def absolute_data(raw_data: dict[str, Any]) -> dict[str, Any]:
 
 def load_project_config(path: str | Path, overrides: list[str]) -> tuple[Any, StoreOptions]:
     """A project config file: an experiment config plus an optional ``store:`` section.
-    File paths in ``data`` become absolute (relative to the working folder)."""
+    Relative file paths in ``data`` resolve against the config file's folder (those given in
+    ``overrides`` against the working folder), then become absolute."""
     path = Path(path)
-    raw = read_yaml_mapping(path)
+    raw = resolve_config_paths(read_yaml_mapping(path), path)
     apply_overrides(raw, overrides)
     raw, options = split_store_section(raw)
     if isinstance(raw.get("data"), dict):

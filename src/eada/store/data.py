@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from eada.config import ExperimentConfig
+from eada.config import ExperimentConfig, path_origin
 from eada.data.base import TensorDomain
 from eada.data.images import ImageDataError, open_image, scan_domain_folder
 from eada.data.tasks import Task, load_task
@@ -49,7 +49,7 @@ def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
         ValueError: no class folders or no images.
     """
     if not folder.is_dir():
-        raise FileNotFoundError(f"image folder not found: {folder}")
+        raise FileNotFoundError(f"image folder not found: {folder}{path_origin(folder)}")
     root = folder / "images" if (folder / "images").is_dir() else folder
     try:
         found = scan_domain_folder(folder, extensions=IMAGE_SUFFIXES)
@@ -104,19 +104,23 @@ def load_project_task(
 
 
 def load_project_data(
-    cfg: ExperimentConfig, labeled: bool = True, progress: Any = None
+    cfg: ExperimentConfig,
+    labeled: bool = True,
+    progress: Any = None,
+    target_files: list[Path] | None = None,
 ) -> tuple[Task, dict[str, list[Path] | None], Any]:
     """The project's domains, every sample's file by role (image data) and the target's
     user ids/paths (:class:`~eada.store.targets.SampleInfo`). ``labeled=False``: the target
-    carries no labels (see :mod:`eada.store.targets`)."""
-    task, paths, info = _load_project_data(cfg, labeled, progress)
+    carries no labels (see :mod:`eada.store.targets`). ``target_files``: an unlabeled image
+    target's files in this order (a store's registered pool) instead of its folder or list."""
+    task, paths, info = _load_project_data(cfg, labeled, progress, target_files)
     if not labeled:  # placeholder labels: no class is known to be missing
         task.notes["target_missing_classes"] = "unknown: the target is unlabeled"
     return task, paths, info
 
 
 def _load_project_data(
-    cfg: ExperimentConfig, labeled: bool, progress: Any
+    cfg: ExperimentConfig, labeled: bool, progress: Any, target_files: list[Path] | None
 ) -> tuple[Task, dict[str, list[Path] | None], Any]:
     from eada.config import FeatureData, ImageListData
     from eada.store.targets import (
@@ -133,11 +137,11 @@ def _load_project_data(
             tgt, tgt_paths = load_folder(data.target, data.image_size, data.channels)
             info = SampleInfo()
         else:
-            il, info = unlabeled_images(data.target, src.classes)
+            il, info = unlabeled_images(data.target, src.classes, files=target_files)
             tgt, tgt_paths = _decode_domain(il.name, il.paths, il.labels, src.classes, data)
         return Task(src, tgt), {"source": src_paths, "target": tgt_paths, "heldout": None}, info
     if isinstance(data, ImageListData):
-        return load_store_images(data, cfg.model, labeled, cfg.device, progress)
+        return load_store_images(data, cfg.model, labeled, cfg.device, progress, target_files)
     if isinstance(data, FeatureData):
         task, info = load_store_features(data, labeled)
         return task, {"source": None, "target": None, "heldout": None}, info

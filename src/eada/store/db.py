@@ -134,6 +134,9 @@ _MIGRATE_V1 = [
     "CREATE INDEX labels_sample ON labels (sample_id)",
     "ALTER TABLE imports ADD COLUMN n_skipped INTEGER NOT NULL DEFAULT 0",
 ]
+AUDIT = "audit"
+"""The ``rounds.strategy`` of an audit round (``eada query --audit N``): uniformly random
+samples for an accuracy estimate, outside the schedule of active rounds."""
 BUSY_TIMEOUT_ENV = "EADA_BUSY_TIMEOUT"
 DEFAULT_BUSY_TIMEOUT = 30.0
 HOLDER_SUFFIX = ".writer"  # eada.sqlite.writer: who holds the write lock (pid, command, since)
@@ -145,6 +148,29 @@ class StoreError(ValueError):
 
 class StoreBusyError(StoreError):
     """Another process held the store's write lock longer than the busy timeout."""
+
+
+_INTERFACE = ["python"]  # "cli" once the `eada` command runs (eada.cli.main says so)
+
+
+def set_interface(name: str) -> None:
+    """Say who drives the store: ``"cli"`` (the ``eada`` command) or ``"python"`` (the
+    default): messages then name the command, or the Python call, to run next."""
+    if name not in ("cli", "python"):
+        raise ValueError(f"interface must be 'cli' or 'python', got {name!r}")
+    _INTERFACE[0] = name
+
+
+def how(cli: str, python: str) -> str:
+    """What to run, in the words of the interface in use, in backticks: the ``eada``
+    command ``cli`` from the command line, the Python call ``python`` otherwise (a
+    :class:`StoreError` raised in a notebook names the API call, not a command).
+
+    Example:
+        >>> how("eada train", "project.train()")
+        '`project.train()`'
+    """
+    return f"`{cli}`" if _INTERFACE[0] == "cli" else f"`{python}`"
 
 
 def busy_timeout() -> float:
@@ -187,8 +213,9 @@ def translate_sqlite_error(err: sqlite3.Error, folder: Path) -> StoreError | Non
     msg = str(err).lower()
     if "readonly" in msg or "read-only" in msg:
         return StoreError(
-            f"the project store {folder} is read-only ({err}): `eada status` and `eada export` "
-            "read it; give this user write permission on the folder to change it"
+            f"the project store {folder} is read-only ({err}): "
+            f"{how('eada status', 'project.status()')} and {how('eada export', 'project.export()')}"
+            " read it; give this user write permission on the folder to change it"
         )
     if "disk is full" in msg or "disk i/o error" in msg:
         return StoreError(
@@ -268,7 +295,8 @@ class Store:
             self.folder.mkdir(parents=True, exist_ok=True)
         elif not self.path.is_file():
             raise StoreError(
-                f"no project store at {self.folder} (expected {self.path}); run `eada init` first"
+                f"no project store at {self.folder} (expected {self.path}); create one first with "
+                + how(f"eada init --store {self.folder}", "eada.create_project(folder, config)")
             )
         self.readonly = not create and not _writable(self.path)
         try:
@@ -433,8 +461,10 @@ class Store:
         """Raise :class:`StoreError` when this process may not write the store."""
         if self.readonly:
             raise StoreError(
-                f"the project store {self.folder} is read-only for this user: `eada status` and "
-                "`eada export` read it; give write permission on the folder to change it"
+                f"the project store {self.folder} is read-only for this user: "
+                f"{how('eada status', 'project.status()')} and "
+                f"{how('eada export', 'project.export()')} read it; give write permission on the "
+                "folder to change it"
             )
 
     @property
@@ -509,9 +539,14 @@ class Store:
         return [r[0] for r in self.conn.execute("SELECT name FROM classes ORDER BY id")]
 
     def samples(self, role: str) -> list[sqlite3.Row]:
-        """Sample rows of one role (``source``/``target``/``heldout``) in position order."""
+        """Sample rows of one role (``source``/``target``/``heldout``) in position order
+        (target files that vanished, left out by ``eada target scan``, hold a negative
+        position and are not among them)."""
         return list(
-            self.conn.execute("SELECT * FROM samples WHERE role = ? ORDER BY position", (role,))
+            self.conn.execute(
+                "SELECT * FROM samples WHERE role = ? AND position >= 0 ORDER BY position",
+                (role,),
+            )
         )
 
     def current_labels(self) -> list[sqlite3.Row]:
@@ -546,6 +581,25 @@ class Store:
     def rounds(self) -> list[sqlite3.Row]:
         """Round rows in order."""
         return list(self.conn.execute("SELECT * FROM rounds ORDER BY number"))
+
+    def active_rounds(self) -> list[sqlite3.Row]:
+        """The rounds of the schedule (every round but the audit rounds), in order."""
+        return [r for r in self.rounds() if r["strategy"] != AUDIT]
+
+    def audit_rounds(self) -> list[sqlite3.Row]:
+        """The audit rounds (``eada query --audit N``), in order."""
+        return [r for r in self.rounds() if r["strategy"] == AUDIT]
+
+    def audit_sample_ids(self) -> set[int]:
+        """The samples drawn by any audit round (labeled or not)."""
+        return {
+            int(r[0])
+            for r in self.conn.execute(
+                "SELECT rs.sample_id FROM round_samples rs JOIN rounds r ON r.id = rs.round_id "
+                "WHERE r.strategy = ? AND rs.rank IS NOT NULL",
+                (AUDIT,),
+            )
+        }
 
     def selected(self, round_id: int) -> list[sqlite3.Row]:
         """The selected samples of a round (rank order) with their scores and positions."""

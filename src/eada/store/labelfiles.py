@@ -271,7 +271,7 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
     the answer in force (empty where the sample still awaits one)."""
     buf = io.StringIO(newline="")
     cols = ["sample_id", "external_id", "round", "rank", "domain", "index", "path"]
-    cols += ["external_path", "predicted", "score", *score_names]
+    cols += ["external_path", "predicted", "score", *score_names, "near_duplicate_of"]
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([*cols, "label", "annotator", "skip"])
     for r in rows:
@@ -289,6 +289,7 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
                 csv_safe(r["predicted"]),
                 "" if score is None else repr(float(score)),
                 *[repr(float(r["scores"][k])) for k in score_names],
+                r.get("near_duplicate_of") or "",
                 csv_safe(r.get("label") or ""),
                 csv_safe(r.get("annotator") or ""),
                 csv_safe(r.get("skip") or ""),

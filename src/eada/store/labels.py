@@ -15,7 +15,7 @@ import torch
 from eada.store.checkpoints import ProjectCheckpoints, crash_point, file_sha256
 from eada.store.config import FolderData
 from eada.store.data import confine, content_hash, decode_image
-from eada.store.db import StoreError, now
+from eada.store.db import StoreError, how, now
 from eada.store.labelfiles import LabelItem, read_label_file, records_to_items
 from eada.store.unlabeled import external_ids
 from eada.train import SimulatedOracle
@@ -70,7 +70,14 @@ class ProjectLabels(ProjectCheckpoints):
         return int(self.store.conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0])
 
     def _labels_tensor(self) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.store.current_labels()
+        """The labels training uses: every label in force but those of audit samples (kept
+        out so that the audit stays an unbiased sample the model never saw a label of)."""
+        audit = self.store.audit_sample_ids()
+        rows = [
+            r
+            for r in self.store.current_labels()
+            if r["sample_id"] not in audit and r["position"] >= 0  # < 0: the file vanished
+        ]
         idx = torch.tensor([r["position"] for r in rows], dtype=torch.long)
         lab = torch.tensor([r["class_id"] for r in rows], dtype=torch.long)
         return idx, lab
@@ -129,7 +136,8 @@ class ProjectLabels(ProjectCheckpoints):
         if not self.target_labeled:
             raise StoreError(
                 "the target of this project is unlabeled: a simulated oracle has no labels to "
-                "reveal (label the queried samples with `eada label import`)"
+                f"reveal (label the queried samples with "
+                f"{how('eada label import FILE', 'project.import_labels(FILE)')})"
             )
         pending = self.pending()
         oracle = SimulatedOracle(self.task.target.y)

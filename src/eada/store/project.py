@@ -40,14 +40,22 @@ from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import StoreOptions, absolute_config, resolved_config
 from eada.store.data import confine, default_roots, load_project_data, row_hashes
-from eada.store.db import Store, StoreError
+from eada.store.db import Store, StoreError, how
 from eada.store.exports import check_export_target, model_meta, predictions_csv, write_export
 from eada.store.labelfiles import ImportFileError, csv_safe
 from eada.store.labels import ImportValidationError
+from eada.store.pool import changes_note, scan_target
 from eada.store.roots import check_within_roots, label_studio_root
 from eada.store.rounds import ProjectRounds
 from eada.store.targets import record_sample_info
-from eada.store.unlabeled import accuracy_summary, options_json, resolve_target
+from eada.store.unlabeled import (
+    accuracy_summary,
+    audit_summary,
+    class_coverage,
+    options_json,
+    pool_predictions,
+    resolve_target,
+)
 from eada.train import ActiveDATrainer
 
 Progress = Callable[[str], None] | None
@@ -163,15 +171,17 @@ class Project(ProjectRounds):
             end = e0 + epochs
         else:
             action = self.next_action()
-            rounds = self.store.rounds()
+            rounds = self.store.active_rounds()  # audit rounds are outside the schedule
             if action == "label" and not partial:
                 c = self.round_counts(rounds[-1]["id"])
                 raise StoreError(
                     f"round {rounds[-1]['number']} awaits an answer for {c['pending']} of its "
                     f"{c['selected']} samples ({c['labeled']} labeled, {c['skipped']} skipped): "
-                    "import labels or skips with `eada label import FILE` (a `skip` column "
-                    "marks a sample unusable), or pass --partial to train with the labels so "
-                    "far (or --epochs N)"
+                    "import labels or skips with "
+                    f"{how('eada label import FILE', 'project.import_labels(FILE)')} (a `skip` "
+                    "column marks a sample unusable), or train with the labels so far: "
+                    f"{how('eada train --partial', 'project.train(partial=True)')} (or "
+                    f"{how('eada train --epochs N', 'project.train(epochs=N)')})"
                 )
             if action == "label":  # partial: train up to the round after the open one
                 plan = self.plan()
@@ -190,12 +200,13 @@ class Project(ProjectRounds):
             if action == "query":
                 raise StoreError(
                     f"the model has trained {e0} epochs, the schedule's next round is due: "
-                    "run `eada query` (or pass --epochs N to train anyway)"
+                    f"run {how('eada query', 'project.query()')} (or train anyway with "
+                    f"{how('eada train --epochs N', 'project.train(epochs=N)')})"
                 )
             if action == "done":
                 raise StoreError(
                     f"the schedule ({self.cfg.train.epochs} epochs) is complete; "
-                    "pass --epochs N to train more"
+                    f"train more with {how('eada train --epochs N', 'project.train(epochs=N)')}"
                 )
             plan = self.plan()
             r = len(rounds) + 1
@@ -220,7 +231,8 @@ class Project(ProjectRounds):
             if (None if now_ck is None else now_ck["id"]) != expected[0]:
                 raise StoreError(
                     f"another process recorded checkpoint {now_ck['path'] if now_ck else None} "
-                    "while this training ran; this one records nothing more: see `eada status`"
+                    "while this training ran; this one records nothing more: see "
+                    + how("eada status", "project.status()")
                 )
 
         def checkpoint(event: str, tr: ActiveDATrainer, info: dict[str, Any]) -> None:
@@ -298,6 +310,16 @@ class Project(ProjectRounds):
                 self.label_simulated()
         return self.status()
 
+    def scan_target(self, progress: Progress = None) -> dict[str, Any]:
+        """``eada target scan``: register the files added to an unlabeled image target and
+        leave out the ones that vanished (:func:`eada.store.pool.scan_target`)."""
+        return scan_target(self, progress)
+
+    def pool_note(self) -> str | None:
+        """A line naming ``eada target scan`` when the target's files changed since they were
+        registered (:func:`eada.store.pool.changes_note`), else ``None``."""
+        return changes_note(self)
+
     def status(self) -> dict[str, Any]:
         """Rounds, budget spent and accuracy history."""
         conn = self.store.conn
@@ -310,6 +332,7 @@ class Project(ProjectRounds):
                     "epoch": r["epoch"],
                     "strategy": r["strategy"],
                     **self.round_counts(r["id"]),
+                    "near_duplicates": json.loads(r["info"]).get("near_duplicates", []),
                 }
             )
         labels = self.store.current_labels()
@@ -351,6 +374,15 @@ class Project(ProjectRounds):
             "rounds": rounds,
             "history": history,
             "accuracy": accuracy_summary(self, history),
+            "audit": audit_summary(conn),
+            "coverage": class_coverage(conn),
+            "pool_predicted": pool_predictions(conn),
+            "pool": {
+                "left_out": conn.execute(
+                    "SELECT COUNT(*) FROM samples WHERE role = 'target' AND position < 0"
+                ).fetchone()[0],
+                "scans": self.store.get_json("target_scans") or [],
+            },
             "next": self.next_action(),
         }
 

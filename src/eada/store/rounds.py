@@ -11,7 +11,7 @@ import torch
 
 from eada.store import labelstudio
 from eada.store.checkpoints import crash_point
-from eada.store.db import StoreError, now
+from eada.store.db import AUDIT, StoreError, how, now
 from eada.store.labelfiles import (
     export_rows_csv,
     label_studio_config,
@@ -35,7 +35,7 @@ class ProjectRounds(ProjectLabels):
         strategy random state) in one transaction, and export it. When the last round still
         awaits labels, nothing is selected: its batch is exported again."""
         self.store.check_writable()
-        rounds = self.store.rounds()
+        rounds = self.store.active_rounds()
         if self.pending():
             last = rounds[-1]
             paths = self.export_round(last["number"]) if export else {}
@@ -48,19 +48,25 @@ class ProjectRounds(ProjectLabels):
         ck = self.store.latest_checkpoint()
         epoch = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch":
-            raise StoreError("a training segment was interrupted: run `eada train` to finish it")
+            raise StoreError(
+                "a training segment was interrupted: run "
+                f"{how('eada train', 'project.train()')} to finish it"
+            )
         plan = self.plan()
-        r = len(rounds) + 1
+        r = len(rounds) + 1  # the schedule's round
+        n_all = len(self.store.rounds())  # its number counts the audit rounds too
         if budget is None:
             if r > len(plan):
                 raise StoreError(
                     f"the config plans {len(plan)} rounds and all were queried; "
-                    "pass --budget N for another round"
+                    f"query another round with "
+                    f"{how('eada query --budget N', 'project.query(budget=N)')}"
                 )
             if plan[r - 1]["epoch"] > epoch:
                 raise StoreError(
                     f"round {r} is planned after epoch {plan[r - 1]['epoch']} but the model has "
-                    f"trained {epoch}: run `eada train` first (or pass --budget N to query now)"
+                    f"trained {epoch}: run {how('eada train', 'project.train()')} first (or "
+                    f"query now with {how('eada query --budget N', 'project.query(budget=N)')})"
                 )
             budget = int(plan[r - 1]["budget"])
         trainer = ActiveDATrainer(self.cfg, self.task)
@@ -68,8 +74,11 @@ class ProjectRounds(ProjectLabels):
             trainer.load_state_dict(self.load_checkpoint(ck), progress=False)
         n_label_rows = self._n_label_rows()
         trainer.set_labels(*self._labels_tensor())
-        skipped = [r["position"] for r in self.store.current_skips()]
-        prop = trainer.propose(budget, exclude=torch.tensor(skipped, dtype=torch.long))
+        exclude = self._audit_mask()  # audit samples and skipped ones stay out of the pool
+        skipped = [s["position"] for s in self.store.current_skips()]
+        if skipped:
+            exclude[torch.tensor(skipped, dtype=torch.long)] = True
+        prop = trainer.propose(budget, exclude=exclude)
         crash_point("query:scored")
         target_ids = self._target_ids()
         pool = prop.pool_idx.tolist()
@@ -98,6 +107,11 @@ class ProjectRounds(ProjectLabels):
             )
             for j, pos in enumerate(pool)
         ]
+        info = dict(prop.selection.info)
+        info["near_duplicates"] = near_duplicates(
+            trainer, prop.chosen, target_ids, self.options.near_duplicate_threshold
+        )
+        info["near_duplicate_threshold"] = self.options.near_duplicate_threshold
         rel, sha = self._write_checkpoint(trainer.state_dict(), "query", epoch)
         with self._unused_if_failed(rel), self.store.transaction() as c:
             # the round number and what it was scored from are checked in the writing
@@ -105,7 +119,7 @@ class ProjectRounds(ProjectLabels):
             # wins, this one records nothing (and its checkpoint file is deleted)
             ck_now = self.store.latest_checkpoint()
             if (
-                len(self.store.rounds()) + 1 != r
+                len(self.store.rounds()) != n_all
                 or (None if ck_now is None else ck_now["id"]) != (None if ck is None else ck["id"])
                 or self._n_label_rows() != n_label_rows
             ):
@@ -114,7 +128,8 @@ class ProjectRounds(ProjectLabels):
                     f"{len(self.store.rounds())} round(s), {self._n_label_rows()} label rows, "
                     f"latest checkpoint {None if ck_now is None else ck_now['path']}); "
                     "nothing was recorded: "
-                    "see `eada status`, then run `eada query` again if a round is still due"
+                    f"see {how('eada status', 'project.status()')}, then run "
+                    f"{how('eada query', 'project.query()')} again if a round is still due"
                 )
             self._set_mode(mode)
             ck_id = self._record_checkpoint(
@@ -131,12 +146,12 @@ class ProjectRounds(ProjectLabels):
                 "INSERT INTO rounds (number, strategy, epoch, budget, config, info, "
                 "checkpoint_id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    r,
+                    n_all + 1,
                     self.cfg.active.strategy,
                     epoch,
                     budget,
                     json.dumps(self.cfg.active.model_dump(mode="json")),
-                    json.dumps(prop.selection.info, default=_plain),
+                    json.dumps(info, default=_plain),
                     ck_id,
                     now(),
                 ),
@@ -146,15 +161,10 @@ class ProjectRounds(ProjectLabels):
                 [(cur.lastrowid, *row) for row in rows],
             )
             crash_point("query:before_commit")
-        files = self.export_round(r) if export else {}
-        pushed_error = None
-        if labelstudio.connection(self) is not None:
-            try:
-                labelstudio.push_pending(self)
-            except labelstudio.LabelStudioError as err:  # the round stands; push it later
-                pushed_error = str(err)
+        files = self.export_round(n_all + 1) if export else {}
+        pushed_error = self._push_to_label_studio()
         return {
-            "round": r,
+            "round": n_all + 1,
             "reexported": False,
             "labelstudio_error": pushed_error,
             "files": files,
@@ -181,22 +191,157 @@ class ProjectRounds(ProjectLabels):
             "pending": n_sel - n_lab - n_skip,
         }
 
+    def audit(self, n: int, export: bool = True) -> dict[str, Any]:
+        """Draw an audit round: ``n`` samples uniformly at random (without replacement) from
+        the unlabeled pool, with the current model's prediction for each, recorded as a round
+        of strategy ``audit`` and exported like any round. Their labels give an unbiased
+        estimate of the accuracy of THAT model (the latest checkpoint at the draw) on the pool
+        it was drawn from (:func:`eada.store.unlabeled.audit_summary`). Audit samples never
+        enter an active round's pool and their labels are never trained on; the random draw
+        uses its own generator (seed, round number), so the schedule's strategy state is
+        untouched.
+
+        Raises:
+            ValueError: ``n`` < 1.
+            StoreError: the last active round awaits labels, a training segment was
+                interrupted, or the pool holds fewer than ``n`` samples.
+        """
+        from eada.train.evaluate import predict_energies
+
+        self.store.check_writable()
+        if n < 1:
+            raise ValueError(f"--audit must be >= 1, got {n}")
+        pending = self.pending()
+        if pending:
+            last = self.store.active_rounds()[-1]["number"]
+            raise StoreError(
+                f"round {last} awaits labels for {len(pending)} samples; an audit draws from the "
+                "unlabeled pool, so label that round first "
+                + "("
+                + how(
+                    f"eada label import FILE --store {self.folder}", "project.import_labels(FILE)"
+                )
+                + ")"
+            )
+        ck = self.store.latest_checkpoint()
+        epoch = 0 if ck is None else ck["epoch"]
+        if ck is not None and ck["kind"] == "epoch":
+            raise StoreError(
+                "a training segment was interrupted: finish it first "
+                f"({how(f'eada train --store {self.folder}', 'project.train()')})"
+            )
+        trainer = ActiveDATrainer(self.cfg, self.task)
+        if ck is not None:
+            trainer.load_state_dict(self.load_checkpoint(ck), progress=False)
+        n_label_rows = self._n_label_rows()
+        trainer.set_labels(*self._labels_tensor())
+        free = ~trainer.labeled_mask & ~self._audit_mask()
+        pool = torch.nonzero(free).squeeze(1)
+        if n > len(pool):
+            raise StoreError(f"--audit {n}: the unlabeled pool holds only {len(pool)} samples")
+        n_all = len(self.store.rounds())
+        rng = np.random.default_rng([int(self.cfg.seed), n_all + 1, 0xA0D1])
+        chosen = pool[torch.from_numpy(rng.choice(len(pool), size=n, replace=False))]
+        e = predict_energies(
+            trainer.model,
+            trainer.task.target,
+            chosen,
+            self.cfg.train.eval_batch_size,
+            trainer.device,
+        )
+        prob = torch.softmax(-self.cfg.train.tau * e, dim=1).max(dim=1).values
+        pred = e.argmin(dim=1)
+        target_ids = self._target_ids()
+        rows = [
+            (
+                target_ids[int(pos)],
+                k,
+                json.dumps(
+                    {"predicted": self.classes[int(pred[k])], "score": round(float(prob[k]), 6)}
+                ),
+            )
+            for k, pos in enumerate(chosen.tolist())
+        ]
+        n_trained = int(trainer.labeled_mask.sum())
+        rel, sha = self._write_checkpoint(trainer.state_dict(), "query", epoch)
+        info = {"pool": len(pool), "epoch": epoch, "n_labeled_trained": n_trained}
+        with self._unused_if_failed(rel), self.store.transaction() as c:
+            if len(self.store.rounds()) != n_all or self._n_label_rows() != n_label_rows:
+                raise StoreError(
+                    "another process changed the project while this audit was drawn; nothing "
+                    "was recorded: see "
+                    + how(f"eada status --store {self.folder}", "project.status()")
+                    + " and draw it again"
+                )
+            self._set_mode("human")
+            ck_id = self._record_checkpoint(
+                c, rel, sha, "query", epoch, (epoch, epoch), n_trained, None
+            )
+            cur = c.execute(
+                "INSERT INTO rounds (number, strategy, epoch, budget, config, info, "
+                "checkpoint_id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    n_all + 1,
+                    AUDIT,
+                    epoch,
+                    n,
+                    json.dumps({"audit": n}),
+                    json.dumps(info),
+                    ck_id,
+                    now(),
+                ),
+            )
+            c.executemany(
+                "INSERT INTO round_samples (round_id, sample_id, rank, scores) VALUES (?, ?, ?, ?)",
+                [(cur.lastrowid, *row) for row in rows],
+            )
+        files = self.export_round(n_all + 1) if export else {}
+        pushed_error = self._push_to_label_studio()
+        return {
+            "round": n_all + 1,
+            "audit": True,
+            "reexported": False,
+            "labelstudio_error": pushed_error,
+            "files": files,
+            "selected": n,
+            "pool": len(pool),
+            "epoch": epoch,
+        }
+
+    def _push_to_label_studio(self) -> str | None:
+        """Push the rounds not pushed yet to the connected Label Studio project, if any;
+        its error message when Label Studio did not take them (the round stands: push it
+        later with ``eada labelstudio push``), else ``None``."""
+        if labelstudio.connection(self) is None:
+            return None
+        try:
+            labelstudio.push_pending(self)
+        except labelstudio.LabelStudioError as err:
+            return str(err)
+        return None
+
     def round_rows(self, number: int) -> list[dict[str, Any]]:
         """Round ``number``'s selected samples in rank order: ids, path, the model's class and
         score, the strategy's scores and the answer in force (``label``, ``annotator``,
-        ``skip``)."""
+        ``skip``) and ``near_duplicate_of`` (an earlier-ranked sample of the round whose
+        features are near-identical)."""
         rnd = self.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
         if rnd is None:
             raise StoreError(f"no round {number} in this project")
         rows = []
         extra = round_rows_extra(self.store.conn)
         answers = {a["sample_id"]: a for a in self.store.answers()}
+        dups = {d["sample_id"]: d for d in json.loads(rnd["info"]).get("near_duplicates", [])}
         for s in self.store.selected(rnd["id"]):
             ans = answers.get(s["sample_id"])
             sc = json.loads(s["scores"])
             pred = sc.pop("predicted")
+            dup = dups.get(s["sample_id"])
             rows.append(
                 {
+                    "near_duplicate_of": None
+                    if dup is None
+                    else f"{dup['of']} (cosine {dup['cosine']:.3f})",
                     **extra.get(s["sample_id"], {}),
                     "score": sc.pop("score", None),
                     "sample_id": s["sample_id"],
@@ -248,6 +393,44 @@ class ProjectRounds(ProjectLabels):
         images = any(r["path"] for r in rows)
         write_atomic(files["label_studio_config"], label_studio_config(self.classes, images))
         return {k: str(v) for k, v in files.items()}
+
+
+def near_duplicates(
+    trainer: Any, chosen: torch.Tensor, target_ids: list[int], threshold: float
+) -> list[dict[str, Any]]:
+    """The near-duplicates of a round: every selected sample whose features have a cosine
+    similarity >= ``threshold`` with a sample ranked before it, as ``{"sample_id", "of"
+    (the most similar earlier-ranked sample), "cosine"}``. Features: the target domain's rows
+    when it holds them in memory (a frozen backbone's features, feature rows, decoded
+    images), else the model's embeddings. Flags only: nothing is removed."""
+    from eada.data.base import TensorDomain
+    from eada.train.evaluate import embed_samples
+
+    if len(chosen) < 2:
+        return []
+    dom = trainer.task.target
+    if isinstance(dom, TensorDomain):
+        x = dom.x[chosen].reshape(len(chosen), -1).float()
+    else:
+        x = torch.as_tensor(
+            embed_samples(
+                trainer.model, dom, chosen, trainer.cfg.train.eval_batch_size, trainer.device
+            )
+        ).float()
+    x = torch.nn.functional.normalize(x, dim=1)
+    sim = x @ x.T
+    out = []
+    for j in range(1, len(chosen)):
+        k = int(sim[j, :j].argmax())
+        if float(sim[j, k]) >= threshold:
+            out.append(
+                {
+                    "sample_id": target_ids[int(chosen[j])],
+                    "of": target_ids[int(chosen[k])],
+                    "cosine": round(float(sim[j, k]), 4),
+                }
+            )
+    return out
 
 
 def _plain(value: Any) -> Any:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from eada.config import FeatureData, ImageListData
+from eada.config import FeatureData, ImageListData, path_origin
 from eada.data.images import IMAGE_EXTENSIONS, ImageDataError, ImageList, load_image_list
 from eada.store.config import (  # noqa: F401  (their home moved to eada.store.config)
     StoreOptions,
@@ -143,12 +143,16 @@ def read_path_list(path: Path, root: Path | None = None) -> tuple[list[Path], li
 
 
 def unlabeled_images(
-    spec: Path, classes: list[str], root: Path | None = None
+    spec: Path, classes: list[str], root: Path | None = None, files: list[Path] | None = None
 ) -> tuple[ImageList, SampleInfo]:
     """An unlabeled target: every image of a folder, or a path list. Labels are class 0
-    placeholders (nothing reads them); ``classes`` are the source's."""
+    placeholders (nothing reads them); ``classes`` are the source's. ``files``: the images
+    in this order instead (a store's registered pool, see :mod:`eada.store.pool`)."""
+    name = spec.stem if spec.is_file() else spec.name
+    if files is not None:
+        return ImageList(name, list(files), [0] * len(files), list(classes)), SampleInfo()
     if not spec.exists():
-        raise FileNotFoundError(f"target not found: {spec}")
+        raise FileNotFoundError(f"target not found: {spec}{path_origin(spec)}")
     if spec.is_dir():
         paths = _flat_images(spec)
         ids: list[str | None] = [None] * len(paths)
@@ -156,7 +160,6 @@ def unlabeled_images(
             raise ImageDataError(f"{spec}: no images ({', '.join(IMAGE_EXTENSIONS)})")
     else:
         paths, ids = read_path_list(spec, root)
-    name = spec.stem if spec.is_file() else spec.name
     return ImageList(name, paths, [0] * len(paths), list(classes)), SampleInfo(ids, [])
 
 
@@ -196,6 +199,7 @@ def load_store_images(
     labeled: bool,
     device: str = "cpu",
     progress: Progress = None,
+    target_files: list[Path] | None = None,
 ) -> tuple[Any, dict[str, list[Path] | None], SampleInfo]:
     """The domains of an image project (any backbone, frozen through the feature cache or
     fine-tuned), the file of every sample by role, and the target's ids.
@@ -213,7 +217,7 @@ def load_store_images(
     if labeled:
         target = load_image_list(data.target, data.root, source.classes, allow_outside=True)
     else:
-        target, info = unlabeled_images(Path(data.target), source.classes, data.root)
+        target, info = unlabeled_images(Path(data.target), source.classes, data.root, target_files)
     lists = {"source": source, "target": target}
     if data.heldout is not None:
         lists["heldout"] = labeled_heldout(Path(data.heldout), source.classes, data.root)

@@ -23,11 +23,17 @@ import torch
 
 from eada.config import ExperimentConfig
 from eada.store.config import FolderData
+from eada.store.db import AUDIT
 from eada.store.targets import StoreOptions, sample_info, target_is_labeled
 
 QUERIED_NOTE = (
     "the model's prediction at query time vs. the human label, on the queried samples only: "
     "biased (the strategy picks samples the model finds hard)"
+)
+AUDIT_NOTE = (
+    "audit round: samples drawn uniformly at random from the unlabeled pool, the model's "
+    "prediction at the draw vs. the human label: an unbiased estimate of THAT model's accuracy "
+    "on the pool it was drawn from, with a 95% Wilson interval; audit labels are never trained on"
 )
 HELDOUT_NOTE = "labeled held-out target split: an unbiased estimate"
 TARGET_NOTE = "the target's own labels (given with the data)"
@@ -102,7 +108,9 @@ def queried_accuracy(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """Per round: how many queried samples carry a label in force, and how many of them the
     model predicted right when it selected them."""
     out = []
-    for r in conn.execute("SELECT id, number, epoch FROM rounds ORDER BY number"):
+    for r in conn.execute(
+        "SELECT id, number, epoch FROM rounds WHERE strategy != ? ORDER BY number", (AUDIT,)
+    ):
         rows = conn.execute(
             "SELECT rs.scores, c.name FROM round_samples rs JOIN labels l ON "
             "l.sample_id = rs.sample_id AND NOT EXISTS (SELECT 1 FROM labels n WHERE "
@@ -154,3 +162,103 @@ def accuracy_summary(project: Any, history: list[dict[str, Any]]) -> dict[str, A
             "note": QUERIED_NOTE,
         }
     return out
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion ``k / n`` (in [0, 1]), by
+    :meth:`scipy.stats.binomtest`.
+
+    Example:
+        >>> lo, hi = wilson_interval(17, 20)
+        >>> round(lo, 3), round(hi, 3)
+        (0.64, 0.948)
+    """
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def audit_summary(conn: sqlite3.Connection) -> dict[str, Any]:
+    """Every audit round's estimate (``eada query --audit N``): per round the samples drawn,
+    labeled and predicted right AT THE DRAW, the accuracy in % with its 95 % Wilson interval,
+    and which model it is for (epoch, target labels it trained on, checkpoint file, pool
+    size). ``latest``: the last audit round with at least one label (``None``: none yet)."""
+    rounds = []
+    for r in conn.execute(
+        "SELECT r.id, r.number, r.epoch, r.info, c.path AS checkpoint FROM rounds r "
+        "JOIN checkpoints c ON c.id = r.checkpoint_id WHERE r.strategy = ? ORDER BY r.number",
+        (AUDIT,),
+    ):
+        drawn = conn.execute(
+            "SELECT COUNT(*) FROM round_samples WHERE round_id = ? AND rank IS NOT NULL",
+            (r["id"],),
+        ).fetchone()[0]
+        rows = conn.execute(
+            "SELECT rs.scores, c.name FROM round_samples rs JOIN labels l ON "
+            "l.sample_id = rs.sample_id AND NOT EXISTS (SELECT 1 FROM labels n WHERE "
+            "n.supersedes = l.id) JOIN classes c ON c.id = l.class_id "
+            "WHERE rs.round_id = ? AND rs.rank IS NOT NULL",
+            (r["id"],),
+        ).fetchall()
+        hits = sum(json.loads(s)["predicted"] == name for s, name in rows)
+        info = json.loads(r["info"])
+        entry: dict[str, Any] = {
+            "round": r["number"],
+            "drawn": drawn,
+            "labeled": len(rows),
+            "pending": drawn - len(rows),
+            "predicted_right": hits,
+            "accuracy": None,
+            "ci95": None,
+            "model": {
+                "epoch": r["epoch"],
+                "trained_labels": info.get("n_labeled_trained"),
+                "checkpoint": r["checkpoint"],
+            },
+            "pool": info.get("pool"),
+        }
+        if rows:
+            lo, hi = wilson_interval(hits, len(rows))
+            entry["accuracy"] = 100.0 * hits / len(rows)
+            entry["ci95"] = [100.0 * lo, 100.0 * hi]
+        rounds.append(entry)
+    latest = next((e for e in reversed(rounds) if e["labeled"]), None)
+    return {"rounds": rounds, "latest": latest, "method": "wilson", "note": AUDIT_NOTE}
+
+
+def class_coverage(conn: sqlite3.Connection) -> dict[str, Any]:
+    """Which classes the labels in force cover: ``labeled_classes`` of ``classes``, the
+    ``missing`` class names, and the ``counts`` per class (audit labels included: they are
+    labels a human gave, though never trained on)."""
+    names = [r[0] for r in conn.execute("SELECT name FROM classes ORDER BY id")]
+    counts = dict.fromkeys(names, 0)
+    for r in conn.execute(
+        "SELECT c.name FROM labels l JOIN classes c ON c.id = l.class_id WHERE NOT EXISTS "
+        "(SELECT 1 FROM labels n WHERE n.supersedes = l.id)"
+    ):
+        counts[r[0]] += 1
+    return {
+        "labeled_classes": sum(1 for v in counts.values() if v),
+        "classes": len(names),
+        "missing": [n for n, v in counts.items() if not v],
+        "counts": counts,
+    }
+
+
+def pool_predictions(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    """The predicted-class distribution of the pool the last active round scored (every
+    sample it scored, with the model of that round): ``round``, ``epoch``, ``n`` and
+    ``counts`` by class name, most frequent first; ``None`` before the first round."""
+    r = conn.execute(
+        "SELECT id, number, epoch FROM rounds WHERE strategy != ? ORDER BY number DESC LIMIT 1",
+        (AUDIT,),
+    ).fetchone()
+    if r is None:
+        return None
+    counts: dict[str, int] = {}
+    for (scores,) in conn.execute("SELECT scores FROM round_samples WHERE round_id = ?", (r[0],)):
+        name = json.loads(scores)["predicted"]
+        counts[name] = counts.get(name, 0) + 1
+    ordered = dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    return {"round": r[1], "epoch": r[2], "n": sum(counts.values()), "counts": ordered}

@@ -587,16 +587,14 @@ class ActiveDATrainer:
     def propose(self, budget: int, exclude: torch.Tensor | None = None) -> Proposal:
         """Score the unlabeled pool with the current model and let the strategy choose
         ``budget`` samples; asks no labels. The one selection path: simulated rounds
-        (:meth:`select_round`) and human rounds (``eada query``) both call it. ``exclude``:
-        target positions kept out of the pool although unlabeled (samples a human marked
-        unusable)."""
+        (:meth:`select_round`) and human rounds (``eada query``) both call it. ``exclude``: a
+        boolean mask over the target of unlabeled samples kept out of the pool (a project's
+        audit samples, samples a human marked unusable, files that vanished); they still train
+        as unlabeled data."""
         a = self.cfg.active
         spec = get_strategy(a.strategy)
-        in_pool = ~self.labeled_mask
-        if exclude is not None and len(exclude):
-            in_pool = in_pool.clone()
-            in_pool[torch.as_tensor(exclude, dtype=torch.long)] = False
-        pool_idx = torch.nonzero(in_pool).squeeze(1)
+        free = ~self.labeled_mask if exclude is None else ~self.labeled_mask & ~exclude
+        pool_idx = torch.nonzero(free).squeeze(1)
         t0 = time.perf_counter()
         needs = tuple(spec.needs)
         if self.aux is not None and "embeddings" not in needs:
