@@ -21,6 +21,16 @@ def digits_root() -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def _forget_thread_flag() -> Iterator[None]:
+    """A test that runs ``eada ... --threads N`` in this process leaves the flag set in
+    :mod:`eada.threads`; forget it after each test so the next one sees the defaults."""
+    yield
+    from eada import threads
+
+    threads.set_threads(None)
+
+
 #: Label Studio's own virtualenv (its pins never touch eada's): `.ci/run` installs it here.
 LABEL_STUDIO_VENV = Path(
     __import__("os").environ.get("EADA_LABEL_STUDIO_VENV", str(REPO / ".venv-labelstudio"))

@@ -28,7 +28,7 @@ def _features(folder: Path, seed: int, n: int = 45, d: int = 5, only: str = "") 
 
 
 def _config(path: Path) -> Path:
-    """A feature config whose data paths are relative (to the directory it is run from)."""
+    """A feature config whose data paths are relative (to the config file's folder)."""
     raw = {
         "name": "feat",
         "data": {"kind": "features", "source": "data/src.npz", "target": "data/tgt.npz"},
@@ -77,22 +77,30 @@ def test_changed_data_is_not_reused(
 def test_same_yaml_from_another_folder_names_other_data(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The same YAML run from another directory: its relative paths name other data."""
+    """The same YAML in another folder: its relative paths (read against the config file's
+    folder) name other data, so a run into the same output folder is refused; the working
+    folder does not matter."""
     _features(tmp_path / "a" / "data", seed=0)
     _features(tmp_path / "b" / "data", seed=1)
-    cfg, out = _config(tmp_path / "feat.yaml"), tmp_path / "out"
-    monkeypatch.chdir(tmp_path / "a")
-    assert _run(cfg, out) == 0
-    monkeypatch.chdir(tmp_path / "b")
+    cfg_a = _config(tmp_path / "a" / "feat.yaml")
+    cfg_b = tmp_path / "b" / "feat.yaml"
+    cfg_b.write_bytes(cfg_a.read_bytes())
+    out = tmp_path / "out"
+    monkeypatch.chdir(tmp_path / "b")  # the working folder names other data: not used
+    assert _run(cfg_a, out) == 0
+    rec = read_jsonl(out / "runs.jsonl")[0]
+    assert rec["inputs"]["source"]["path"] == str((tmp_path / "a" / "data" / "src.npz").resolve())
     capsys.readouterr()
-    assert _run(cfg, out) == 2
+    assert _run(cfg_a, out) == 0  # the same file from anywhere: the same data, reused
+    assert "reused 1 run" in capsys.readouterr().err
+    assert _run(cfg_b, out) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "a" / "data" / "src.npz") in err
     assert str(tmp_path / "b" / "data" / "src.npz") in err
     assert len(read_jsonl(out / "runs.jsonl")) == 1
     # the same bytes in another folder are the same data: reused
     _features(tmp_path / "b" / "data", seed=0)
-    assert _run(cfg, out) == 0
+    assert _run(cfg_b, out) == 0
     assert "reused 1 run" in capsys.readouterr().err
 
 

@@ -280,7 +280,7 @@ class Store:
         >>> import tempfile
         >>> s = Store(Path(tempfile.mkdtemp()) / "p", create=True)
         >>> s.get_meta("schema_version")
-        '1'
+        '2'
     """
 
     def __init__(

@@ -228,9 +228,9 @@ def connect(
         client.request("GET", f"/api/projects/{old['project']}/")  # still there, token valid
         pushed = [push_round(project, n, client) for n in _unpushed(project)]
         return {**old, "pushed": pushed}
-    root = _document_root(project)
     images = any(r["path"] for r in project.store.samples("target"))
-    folder = _storage_folder(project, root) if images else None
+    root = _document_root(project) if images else None  # feature rows: no files served
+    folder = _storage_folder(project, root) if root is not None else None
     config = label_studio_config(project.classes, images)
     if project_id is None:
         made = client.request(
@@ -267,7 +267,7 @@ def connect(
         "url": client.url,
         "project": project_id,
         "storage": storage_id,
-        "document_root": str(root),
+        "document_root": None if root is None else str(root),
         "pushed": [],
     }
     with project.store.transaction():
@@ -293,8 +293,8 @@ def push_round(project: Any, number: int, client: LabelStudioClient | None = Non
     if rnd is None:
         raise LabelStudioError(f"no round {number} in {project.folder}")
     rows = project.round_rows(number)
-    root = _document_root(project)
-    tasks = label_studio_tasks(rows, [root], number)
+    roots = [_document_root(project)] if any(r["path"] for r in rows) else []
+    tasks = label_studio_tasks(rows, roots, number)
     client.request("POST", f"/api/projects/{conn['project']}/import", tasks)
     with project.store.transaction():
         now_conn = connection(project) or conn
