@@ -170,10 +170,12 @@ def build_aux(trainer: ActiveDATrainer) -> AuxTraining | None:
     """The training components the trainer's strategy needs (``None`` for most strategies).
 
     ``active.params.aux_components`` overrides the default list (``[]`` trains none: the
-    strategy then needs its scores from elsewhere)."""
+    strategy then needs its scores from elsewhere). They train whenever the strategy is not
+    ``none``, also in a run without rounds (a project store trains each segment between rounds
+    as such a run): DUC's evidential loss is its whole classifier loss."""
     a = trainer.cfg.active
     names = tuple(a.params.get("aux_components", STRATEGY_COMPONENTS.get(a.strategy, ())))
-    if not a.enabled or not names:
+    if a.strategy == "none" or not names:
         return None
     model = trainer.model
     head = getattr(model, "head", None)
