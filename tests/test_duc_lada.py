@@ -130,7 +130,7 @@ def test_duc_loss_equals_the_authors_on_a_fixed_batch() -> None:
     assert logs["duc_nll"] == pytest.approx(float(nll)) and float(kl) > 0
     # beta = 0 drops the unlabeled terms, as their `if cfg.TRAINER.BETA > 0`
     no_u, logs0 = Evidential(beta=0.0, lam=0.05).loss(batch)
-    assert "duc_u_dis" not in logs0 and float(no_u) < float(ours)
+    assert "duc_u_dis" not in logs0 and float(no_u.detach()) < float(ours.detach())
 
 
 # ---------------------------------------------------------------- LAS
@@ -238,3 +238,102 @@ def test_duc_trains_its_evidential_loss_also_between_rounds() -> None:
     assert tr.aux is not None and tr.aux.names == ["evidential"]
     step = tr.train_step()
     assert step["loss"] > 0 and "duc_kl" in step
+
+
+# ---------------------------------------------------------------- RAA / LAA
+
+
+def _authors_additions(
+    nn_idxs: torch.Tensor,
+    prob_nn: torch.Tensor,
+    seed_idxs: list[int],
+    seed_labels: list[int],
+    th: float,
+    randoms: list[float],
+) -> tuple[list[int], list[int]]:
+    """The acceptance loop of RAASolver/LAASolver.solve after a step (tgt_idxs = positions)."""
+    dist = np.eye(prob_nn.shape[-1])[np.array(seed_labels)].sum(0) + 1
+    dist = dist / dist.max()  # LAA's extra normalisation (RAA skips it: same sp)
+    sp = 1 - dist / dist.max() + dist.min() / dist.max()
+    conf_idx, conf_pl = [], []
+    for i in range(prob_nn.shape[0]):
+        idx = int(nn_idxs[i].item())
+        pl_i = prob_nn[i].argmax(-1).item()
+        if randoms[i] <= sp[pl_i] and prob_nn[i].max(-1)[0] >= th and idx not in seed_idxs:
+            conf_idx.append(idx)
+            conf_pl.append(pl_i)
+    return conf_idx, conf_pl
+
+
+@pytest.mark.parametrize("local", [False, True])
+def test_anchor_augmentation_adds_what_the_authors_add(local: bool) -> None:
+    from eada.strategies.components import accept_anchors, local_candidates
+
+    gen = torch.Generator().manual_seed(1)
+    n, c, d, k, bs = 300, 5, 8, 10, 200
+    cache = torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1)
+    seed_idxs = torch.randperm(n, generator=gen)[:40].tolist()
+    seed_labels = torch.randint(c, (40,), generator=gen).tolist()
+    seed_labels[:20] = [0] * 20  # unbalanced: class 0 is accepted less often
+    emb_ts = torch.randn(bs, d, generator=gen)
+    if local:  # LAA: sim to the cache, topk K, one random column each
+        cols = torch.randint(k, (bs, 1), generator=gen)
+        sim = torch.nn.functional.normalize(emb_ts).mm(cache.transpose(1, 0))
+        theirs_nn = torch.gather(torch.topk(sim, k=k, dim=1)[1], -1, cols).squeeze(1)
+        nn_idxs = local_candidates(emb_ts, cache, k, cols.squeeze(1))
+        assert nn_idxs.tolist() == theirs_nn.tolist()
+    else:  # RAA: uniform positions
+        nn_idxs = torch.randint(0, n, (bs,), generator=gen)
+    logits = torch.randn(bs, c, generator=gen) * 8
+    prob_nn = torch.softmax(logits, dim=-1)
+    randoms = torch.rand(bs, generator=gen).double().numpy()
+    theirs = _authors_additions(nn_idxs, prob_nn, seed_idxs, seed_labels, 0.9, randoms.tolist())
+    ours = accept_anchors(
+        nn_idxs.numpy(),
+        prob_nn.double().numpy(),
+        np.array(seed_labels),
+        set(seed_idxs),
+        0.9,
+        randoms,
+    )
+    assert ours == theirs
+    assert 0 < len(theirs[0]) < bs  # the fixed state exercises both outcomes
+
+
+def test_anchor_component_restarts_each_epoch_and_adds_confident_samples() -> None:
+    from eada.strategies.components import LocalAnchors, TargetAccess
+
+    torch.manual_seed(0)
+    n, d = 60, 4
+    z_all = torch.randn(n, d)
+    head = torch.nn.Linear(d, 3)
+    with torch.no_grad():
+        head.weight.mul_(20)  # confident predictions: candidates pass the threshold
+    comp = LocalAnchors(3, k=5, threshold=0.5)
+    labeled, labels = torch.arange(6), torch.full((n,), -1, dtype=torch.long)
+    labels[:6] = torch.tensor([0, 1, 2, 0, 1, 2])
+
+    def access(new_epoch: bool) -> TargetAccess:
+        return TargetAccess(n, labeled, labels, new_epoch, 4, lambda idx: z_all[idx])
+
+    acc = access(True)
+    idx, y = comp.target_request(acc)  # type: ignore[misc]
+    assert set(idx.tolist()) <= set(range(6)) and (y == labels[idx]).all()
+    batch = StepBatch(
+        z_all[:2],
+        torch.zeros(2, dtype=torch.long),
+        z_all[:0],
+        z_all[:0],
+        torch.zeros(0, dtype=torch.long),
+        head,
+        {comp.name: (z_all[idx], y)},
+        acc,
+    )
+    loss, logs = comp.loss(batch)
+    assert loss.requires_grad and logs["anchors"] > 6  # confident neighbours joined
+    added = comp.anchor_idx[6:]
+    assert not set(added) & set(range(6))
+    pred = (-head(z_all[added])).argmax(1).tolist()
+    assert comp.anchor_lab[6:] == pred  # pseudo-labels = the model's predictions
+    comp.target_request(access(True))  # a new epoch: back to the labeled set
+    assert comp.anchor_idx == list(range(6))

@@ -138,6 +138,21 @@ METHODS["las_mme"] = {
     "train": {"gamma": 0.0},
 }
 
+# LAS with LADA's anchor-set augmentation, random (RAA) or local (LAA): their
+# solver/PAAsolver.py with LADA.A_K 10, A_TH 0.9; the anchor batch is the labeled-target term
+for _m, _component in (("las_raa", "random_anchors"), ("las_laa", "local_anchors")):
+    METHODS[_m] = {
+        "active": {
+            "strategy": "las",
+            "params": {
+                "aux_components": [_component],
+                "anchor_neighbours": 10,
+                "anchor_threshold": 0.9,
+            },
+        },
+        "train": {"gamma": 0.0, "delta_t": 0.0},
+    }
+
 METHOD_LABELS = {
     "source_only": "Source-only",
     "random": "Random",
@@ -150,6 +165,8 @@ METHOD_LABELS = {
     "duc": "DUC",
     "las": "LADA (LAS)",
     "las_mme": "LADA (LAS + MME)",
+    "las_raa": "LADA (LAS + RAA)",
+    "las_laa": "LADA (LAS + LAA)",
 }
 
 
