@@ -37,7 +37,7 @@ from sklearn.cluster import KMeans
 import eada.train.aux  # noqa: F401  (registers CLUE's training component with the trainer)
 from eada.bench import make_config, task_id
 from eada.experiment import run_once
-from eada.runs import write_json
+from eada.runs import environment_info, write_json
 from eada.strategies.clue import entropy_from_energies, nearest_unique
 
 VARIANTS = {"clue": [], "no_entropy_term": ["active.params.aux_components=[]"]}
@@ -110,7 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     a, _, b = args.seeds.partition("-")
     seeds = list(range(int(a), int(b or a) + 1))
-    out: dict[str, Any] = {"task": args.task, "overrides": args.overrides, "runs": []}
+    out: dict[str, Any] = {
+        "task": args.task,
+        "overrides": args.overrides,
+        "command": " ".join(["python", *sys.argv]),
+        "environment": environment_info(),
+        "runs": [],
+    }
     for variant in args.variant or ["clue", "no_entropy_term"]:
         for seed in seeds:
             cfg = make_config(

@@ -175,6 +175,24 @@ def config_key(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:20]
 
 
+CHANGED_SINCE: dict[str, str] = {"clue": "2faafcc"}
+"""Strategies whose picks or training changed after records of them were committed, and the
+commit of the change: a record of one counts only if its commit contains that change (CLUE:
+k-means best of 10 initialisations, as the authors' code, instead of 1)."""
+
+_ANCESTRY: dict[tuple[str, str], bool] = {}
+
+
+def contains(commit: str, change: str) -> bool:
+    """Whether ``commit`` has ``change`` in its history (``git merge-base --is-ancestor``)."""
+    if (change, commit) not in _ANCESTRY:
+        res = subprocess.run(
+            ["git", "merge-base", "--is-ancestor", change, commit], capture_output=True
+        )
+        _ANCESTRY[(change, commit)] = res.returncode == 0
+    return _ANCESTRY[(change, commit)]
+
+
 def _commit(rec: dict[str, Any], folder: Path) -> dict[str, Any]:
     """The commit that wrote a record: the line's own ``code`` (bench lines since issue 15), else
     the folder's ``meta.json``."""
@@ -183,7 +201,7 @@ def _commit(rec: dict[str, Any], folder: Path) -> dict[str, Any]:
         meta = folder / "meta.json"
         git = json.loads(meta.read_text()).get("git") if meta.is_file() else None
     git = git or {}
-    return {"commit": str(git.get("commit") or "unknown")[:7], "dirty": bool(git.get("dirty"))}
+    return {"commit": str(git.get("commit") or "unknown"), "dirty": bool(git.get("dirty"))}
 
 
 def _accuracy(rec: dict[str, Any]) -> float | None:
@@ -198,7 +216,8 @@ def _accuracy(rec: dict[str, Any]) -> float | None:
 
 def load_records(root: Path = RESULTS) -> tuple[dict[str, list[dict[str, Any]]], int]:
     """Every usable record under ``root`` by :func:`config_key`; and how many were skipped
-    (no config or accuracy, or a config the current schema rejects)."""
+    (no config or accuracy, a config the current schema rejects, or a strategy's record from
+    before its change in :data:`CHANGED_SINCE`)."""
     index: dict[str, list[dict[str, Any]]] = {}
     skipped = 0
     for path in sorted(root.rglob("runs.jsonl")):
@@ -220,6 +239,11 @@ def load_records(root: Path = RESULTS) -> tuple[dict[str, list[dict[str, Any]]],
                 "file": path.as_posix(),
                 **_commit(rec, path.parent),
             }
+            change = CHANGED_SINCE.get(cfg["active"]["strategy"])
+            if change and not contains(entry["commit"], change):
+                skipped += 1
+                continue
+            entry["commit"] = entry["commit"][:7]
             index.setdefault(config_key(cfg), []).append(entry)
     return index, skipped
 
