@@ -79,6 +79,7 @@ class Row:
     label: str
     method: str
     overrides: tuple[str, ...] = ()
+    before_change: bool = False  # only records from before CHANGED_SINCE[strategy]; not ranked
 
 
 def surf_task(pair: str) -> Task:
@@ -136,6 +137,7 @@ ROWS: list[Row] = [
     Row("EADA w/o L_fea", "eada_no_fea"),
     Row("EADA (paper L_fea)", "eada", ("train.alignment=paper",)),
     Row("EADA (default)", "eada", ("train.alignment=normalized",)),
+    Row("CLUE before the fix (1 k-means init)", "clue", before_change=True),
 ]
 
 
@@ -216,8 +218,8 @@ def _accuracy(rec: dict[str, Any]) -> float | None:
 
 def load_records(root: Path = RESULTS) -> tuple[dict[str, list[dict[str, Any]]], int]:
     """Every usable record under ``root`` by :func:`config_key`; and how many were skipped
-    (no config or accuracy, a config the current schema rejects, or a strategy's record from
-    before its change in :data:`CHANGED_SINCE`)."""
+    (no config or accuracy, or a config the current schema rejects). A record of a strategy in
+    :data:`CHANGED_SINCE` says whether its commit has the change (``after_change``)."""
     index: dict[str, list[dict[str, Any]]] = {}
     skipped = 0
     for path in sorted(root.rglob("runs.jsonl")):
@@ -240,9 +242,7 @@ def load_records(root: Path = RESULTS) -> tuple[dict[str, list[dict[str, Any]]],
                 **_commit(rec, path.parent),
             }
             change = CHANGED_SINCE.get(cfg["active"]["strategy"])
-            if change and not contains(entry["commit"], change):
-                skipped += 1
-                continue
+            entry["after_change"] = bool(change) and contains(entry["commit"], change)
             entry["commit"] = entry["commit"][:7]
             index.setdefault(config_key(cfg), []).append(entry)
     return index, skipped
@@ -289,7 +289,9 @@ def gather(index: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for row in ROWS:
             seeds = {}
             for seed in SEEDS:
-                entries = index.get(expected_key(task, row, seed))
+                entries = index.get(expected_key(task, row, seed)) or []
+                if row.method in CHANGED_SINCE:  # the code before or after the change, not both
+                    entries = [e for e in entries if e["after_change"] != row.before_change]
                 if entries:
                     seeds[str(seed)] = pick(entries)
             cell: dict[str, Any] = {"seeds": seeds}
@@ -298,11 +300,12 @@ def gather(index: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 cell["mean"] = float(acc.mean())
                 cell["std"] = float(acc.std(ddof=1))
             cells[row.label] = cell
-        complete = {k: c["mean"] for k, c in cells.items() if "mean" in c}
+        ranked = {r.label for r in ROWS if not r.before_change}
+        complete = {k: c["mean"] for k, c in cells.items() if "mean" in c and k in ranked}
         rk = ranks({k: round(m, 1) for k, m in complete.items()})
         for k, r in rk.items():
             cells[k]["rank"] = r
-        stds = [c["std"] for c in cells.values() if "std" in c]
+        stds = [c["std"] for k, c in cells.items() if "std" in c and k in ranked]
         tasks[task.label] = {
             "spec": task.spec,
             "overrides": list(task.overrides),
@@ -311,13 +314,20 @@ def gather(index: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "winner": [k for k, r in rk.items() if r == min(rk.values())] if rk else [],
         }
     avg: dict[str, Any] = {}
+    ranked_rows = [r.label for r in ROWS if not r.before_change]
+    complete_tasks = [
+        t for t in tasks.values() if all("rank" in t["cells"][k] for k in ranked_rows)
+    ]
     for row in ROWS:
         rs = [
             t["cells"][row.label]["rank"] for t in tasks.values() if "rank" in t["cells"][row.label]
         ]
+        rc = [t["cells"][row.label]["rank"] for t in complete_tasks if not row.before_change]
         avg[row.label] = {
             "average_rank": float(np.mean(rs)) if rs else None,
             "tasks": len(rs),
+            "average_rank_complete_tasks": float(np.mean(rc)) if rc else None,
+            "complete_tasks": len(rc),
             "wins": sum(row.label in t["winner"] for t in tasks.values()),
         }
     return {
@@ -356,7 +366,8 @@ def markdown(summary: dict[str, Any]) -> str:
             if "mean" not in c:
                 line.append("–" if not c["seeds"] else f"({len(c['seeds'])} seeds)")
                 continue
-            text = f"{c['mean']:.1f} ± {c['std']:.1f} ({c['rank']:g})"
+            rank = f" ({c['rank']:g})" if "rank" in c else ""
+            text = f"{c['mean']:.1f} ± {c['std']:.1f}{rank}"
             line.append(f"**{text}**" if r["label"] in t["winner"] else text)
         body.append(line)
     avg = ["average rank (tasks)"]
@@ -364,9 +375,49 @@ def markdown(summary: dict[str, Any]) -> str:
         m = summary["methods"][r["label"]]
         avg.append(f"{m['average_rank']:.1f} ({m['tasks']})" if m["tasks"] else "–")
     body.append(avg)
+    full = ["average rank, tasks with every method"]
+    for r in summary["rows"]:
+        m = summary["methods"][r["label"]]
+        full.append(
+            f"{m['average_rank_complete_tasks']:.1f} ({m['complete_tasks']})"
+            if m["complete_tasks"]
+            else "–"
+        )
+    body.append(full)
     wins = ["wins"] + [str(summary["methods"][r["label"]]["wins"]) for r in summary["rows"]]
     body.append(wins)
     return render_table(head, body)
+
+
+def verdict(summary: dict[str, Any], row: str = "EADA (default)") -> str:
+    """Where ``row`` wins and where it loses, task by task, from the table's own numbers."""
+    wins, close, behind, below_random = [], [], [], []
+    for label, t in summary["tasks"].items():
+        c = t["cells"][row]
+        if "rank" not in c:
+            continue
+        best = max(
+            (k for k in t["cells"] if "rank" in t["cells"][k] and k != row),
+            key=lambda k: t["cells"][k]["mean"],
+        )
+        gap = c["mean"] - t["cells"][best]["mean"]
+        item = f"{label} ({c['mean']:.1f}; {best} {t['cells'][best]['mean']:.1f}, {gap:+.1f})"
+        if row in t["winner"]:
+            wins.append(item)
+        elif c["rank"] <= 3:
+            close.append(item + f", rank {c['rank']:g}")
+        else:
+            behind.append(item + f", rank {c['rank']:g}")
+        rnd = t["cells"].get("Random", {})
+        if "mean" in rnd and c["mean"] < rnd["mean"]:
+            below_random.append(f"{label} ({c['mean']:.1f} vs {rnd['mean']:.1f})")
+    parts = [
+        f"- **{row} wins {len(wins)}**: " + ("; ".join(wins) or "none"),
+        f"- **ranks 2-3 on {len(close)}**: " + ("; ".join(close) or "none"),
+        f"- **loses (rank 4 or worse) on {len(behind)}**: " + ("; ".join(behind) or "none"),
+        f"- below Random on {len(below_random)}: " + ("; ".join(below_random) or "none"),
+    ]
+    return "\n".join(parts)
 
 
 def provenance(summary: dict[str, Any]) -> str:
@@ -432,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(summary)
     text += "\n\nLarge seed spread (std > 3x the task's median std and > 2 points):\n\n"
     text += "\n".join(f"- {f}" for f in summary["spread_flags"]) or "- none"
+    for row in ("EADA (default)", "EADA (paper L_fea)"):
+        text += "\n\n" + verdict(summary, row)
     text += "\n\nRecords used (folder: commits):\n\n" + provenance(summary) + "\n"
     if args.markdown:
         args.markdown.write_text(text)
