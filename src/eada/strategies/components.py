@@ -16,6 +16,12 @@ only the step's embeddings and the energy head (:class:`StepBatch`).
   unlabeled embeddings (sigmoid output) with a gradient penalty; the features minimise the
   estimated distance with WAAL's small weight ``active.params.critic_weight`` (default 2e-3);
   pool score ``critic_score`` in ``[0, 1]``.
+* ``evidential`` (DUC): the classifier's logits ``-E`` parameterise a Dirichlet; the evidential
+  loss (NLL + KL / C) on source and labeled target, ``beta * U_dis + lambda * U_data`` on
+  unlabeled target (the authors' ``core/active/loss.py`` and ``main.py``); no pool score (the
+  ``duc`` strategy computes its uncertainties from the energies). DUC's method sets the
+  trainer's own loss weights to 0 (``train.delta_s = delta_t = gamma = 0``), so this is the
+  whole classifier loss, as in their code.
 
 :data:`STRATEGY_COMPONENTS` says which strategy switches on which components
 (``active.params.aux_components`` overrides it). Their parameters have their own Adam optimiser
@@ -33,12 +39,14 @@ import torch
 from torch import nn
 
 from eada import energy as energy_ops
+from eada.strategies.duc import dirichlet_uncertainties
 
 STRATEGY_COMPONENTS: dict[str, tuple[str, ...]] = {
     "aada": ("domain_discriminator",),
     "tqs": ("committee", "domain_discriminator"),
     "clue": ("adversarial_entropy",),
     "waal": ("wasserstein_critic",),
+    "duc": ("evidential",),
 }
 """The components each strategy trains by default (``active.params.aux_components`` overrides)."""
 
@@ -280,6 +288,86 @@ class WassersteinCritic(AuxComponent):
     @torch.no_grad()
     def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
         return {"critic_score": self.critic(z).double().cpu().numpy()}
+
+
+def evidential_loss(
+    logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DUC's evidential loss on a labeled batch: ``(NLL, KL)``, each a batch mean.
+
+    With ``alpha = exp(logits)``, ``S = sum alpha`` and ``y`` one-hot:
+    ``NLL = log S - log alpha_y`` (the expected-likelihood form, equal to cross-entropy) and
+    ``KL = KL(Dir(alpha~) || Dir(1))`` with ``alpha~ = y + (1 - y) * alpha`` (the target class's
+    evidence removed). The authors' trainer adds ``NLL + KL / C``.
+
+    Example:
+        >>> nll, kl = evidential_loss(torch.zeros(1, 2), torch.tensor([0]))
+        >>> round(float(nll), 4), round(float(kl), 4)  # log 2; alpha~ = (1, 1) is Dir(1)
+        (0.6931, 0.0)
+    """
+    alpha = torch.exp(logits)
+    total = alpha.sum(dim=1)
+    y = nn.functional.one_hot(labels, logits.shape[1]).to(logits.dtype)
+    nll = (y * (total.log()[:, None] - alpha.log())).sum() / len(logits)
+    a = y + (1.0 - y) * alpha
+    a_total = a.sum(dim=1)
+    kl = (
+        torch.lgamma(a_total)
+        - torch.lgamma(torch.tensor(float(logits.shape[1]), dtype=logits.dtype))
+        - torch.lgamma(a).sum(dim=1)
+        + ((a - 1) * (torch.digamma(a) - torch.digamma(a_total)[:, None])).sum(dim=1)
+    ).sum() / len(logits)
+    return nll, kl
+
+
+@register_component
+class Evidential(AuxComponent):
+    """DUC's training loss (Xie et al., ICLR 2023) on the energy head, ``logits = -E``:
+
+    ``L = NLL(S) + KL(S) / C + [NLL(T_l) + KL(T_l) / C] + beta * U_dis(T_u) + lambda * U_data(T_u)``
+
+    (:func:`evidential_loss`, :func:`eada.strategies.duc.dirichlet_uncertainties`; the
+    unlabeled terms only when ``beta > 0``, as in their ``main.py``). ``beta`` =
+    ``active.params.duc_beta`` (their ``TRAINER.BETA``, 1.0), ``lambda`` =
+    ``active.params.duc_lambda`` (``TRAINER.LAMBDA``, 0.05). Their VisDA run halves the source
+    terms after the first epoch; we do not.
+
+    Example:
+        >>> torch.manual_seed(0) and None
+        >>> z = torch.randn(6, 4)
+        >>> batch = StepBatch(z[:2], torch.tensor([0, 1]), z[2:4], z[4:], torch.tensor([2, 0]),
+        ...                   nn.Linear(4, 3))
+        >>> loss, logs = Evidential(1.0, 0.05).loss(batch)
+        >>> sorted(logs), bool(torch.isfinite(loss))
+        (['duc_kl', 'duc_nll', 'duc_u_data', 'duc_u_dis'], True)
+    """
+
+    name = "evidential"
+    settings: ClassVar[dict[str, float | int]] = {"duc_beta": 1.0, "duc_lambda": 0.05}
+
+    def __init__(self, beta: float, lam: float) -> None:
+        super().__init__()
+        self.beta, self.lam = beta, lam
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        return cls(float(cls.setting(params, "duc_beta")), float(cls.setting(params, "duc_lambda")))
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        logits_s = -batch.head(batch.zs)
+        c = logits_s.shape[1]
+        nll, kl = evidential_loss(logits_s, batch.ys)
+        total, logs = nll + kl / c, {"duc_nll": float(nll.detach()), "duc_kl": float(kl.detach())}
+        if len(batch.zl):
+            nll_t, kl_t = evidential_loss(-batch.head(batch.zl), batch.yl)
+            total = total + nll_t + kl_t / c
+        if self.beta > 0 and len(batch.zu):
+            u_dis, u_data = dirichlet_uncertainties(-batch.head(batch.zu))
+            total = total + self.beta * u_dis.mean() + self.lam * u_data.mean()
+            logs["duc_u_dis"] = float(u_dis.mean().detach())
+            logs["duc_u_data"] = float(u_data.mean().detach())
+        return total, logs
 
 
 COMPONENTS = tuple(COMPONENT_CLASSES)
