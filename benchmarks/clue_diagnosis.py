@@ -15,6 +15,12 @@ With ``--variant no_entropy_term`` the runs train WITHOUT CLUE's adversarial ent
 (``active.params.aux_components=[]``: selection unchanged), which separates the training term's
 share of the seed spread from the selection's.
 
+``--pre-round`` trains nothing: from the committed run records (``runs.jsonl`` under
+``benchmarks/results``, method ``clue`` and ``entropy``, no sweep variant) it compares, per
+task and seed, the target accuracy right before the first round: the two runs are the same
+trainer, seed and data up to there except for CLUE's entropy term, so the difference is the
+term's effect on the model CLUE selects with.
+
 Usage (repository root; one torch thread)::
 
     python benchmarks/clue_diagnosis.py configs/office_caltech10_surf.yaml \\
@@ -98,16 +104,53 @@ class RoundProbe:
         )
 
 
+def pre_round(root: Path = Path("benchmarks/results")) -> dict[str, Any]:
+    """Per task: accuracy before round 1 of CLUE and of Entropy (same seeds), and the difference."""
+    import json
+
+    acc: dict[str, dict[str, dict[int, float]]] = {}
+    for path in sorted(root.rglob("runs.jsonl")):
+        if any(k in path.as_posix() for k in ("sweep", "lfea", "waal_critic", "leaderboard")):
+            continue
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if "task" not in rec or rec["method"] not in ("clue", "entropy") or rec["variant"]:
+                continue
+            name = rec["config"].get("name") or rec["task"]
+            first = rec["rounds"][0]["target_accuracy"]
+            acc.setdefault(name, {}).setdefault(rec["method"], {})[rec["seed"]] = first
+    out = {}
+    for name, by in sorted(acc.items()):
+        seeds = sorted(set(by.get("clue", {})) & set(by.get("entropy", {})))
+        if not seeds:
+            continue
+        diff = [by["clue"][s] - by["entropy"][s] for s in seeds]
+        out[name] = {
+            "seeds": seeds,
+            "clue": [by["clue"][s] for s in seeds],
+            "entropy": [by["entropy"][s] for s in seeds],
+            "difference": diff,
+            "mean_difference": float(np.mean(diff)),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLUE diagnosis of one task and write its JSON."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("task")
+    ap.add_argument("task", nargs="?")
+    ap.add_argument("--pre-round", action="store_true", help="from the records; trains nothing")
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     ap.add_argument("--seeds", default="0-4")
     ap.add_argument("--variant", choices=sorted(VARIANTS), action="append")
     ap.add_argument("--restarts", type=int, default=5)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if args.pre_round:
+        write_json(args.out, {"command": " ".join(["python", *sys.argv]), "tasks": pre_round()})
+        return 0
+    if args.task is None:
+        ap.error("a task is needed (or --pre-round)")
     a, _, b = args.seeds.partition("-")
     seeds = list(range(int(a), int(b or a) + 1))
     out: dict[str, Any] = {

@@ -457,12 +457,31 @@ def missing_commands(summary: dict[str, Any]) -> list[list[str]]:
     return cmds
 
 
+BEGIN, END = "<!-- leaderboard:begin -->", "<!-- leaderboard:end -->"
+
+
+def replace_block(path: Path, text: str) -> None:
+    """Put ``text`` between the :data:`BEGIN` and :data:`END` lines of ``path`` (kept); the rest of
+    the file is not touched. Raises ``ValueError`` naming the file when a marker is missing."""
+    doc = path.read_text()
+    if doc.count(BEGIN) != 1 or doc.count(END) != 1 or doc.index(BEGIN) > doc.index(END):
+        raise ValueError(f"{path}: needs one {BEGIN} line before one {END} line")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{text.strip()}\n{END}{tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Gather the records, write ``summary.json``, print the table (or the commands, or run)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--commands", action="store_true", help="print the missing cells' commands")
     ap.add_argument("--run", action="store_true", help="run the missing cells (resumable)")
     ap.add_argument("--markdown", type=Path, help="also write the table to this file")
+    ap.add_argument(
+        "--benchmarks",
+        type=Path,
+        help=f"replace the text between {BEGIN} and {END} in this file (BENCHMARKS.md)",
+    )
     args = ap.parse_args(argv)
     index, skipped = load_records()
     summary = gather(index)
@@ -488,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     text += "\n\nRecords used (folder: commits):\n\n" + provenance(summary) + "\n"
     if args.markdown:
         args.markdown.write_text(text)
+    if args.benchmarks:
+        replace_block(args.benchmarks, text)
     print(text)
     return 0
 
