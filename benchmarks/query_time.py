@@ -27,6 +27,11 @@ must pay; ``eada_whole_matrix``, EADA from energies the former way (F and U each
 the whole matrix at once, after an ``isfinite`` check of the whole matrix), side by side with
 the blockwise single pass of :class:`eada.strategies.PoolOutputs`.
 
+DUC (``duc``) reads the ``(N, C)`` energies (its Dirichlet ``alpha = exp(-E)``); LAS (``las``)
+reads the energies and the embeddings and finds each sample's 10 nearest neighbours by an exact
+cosine search, a block of rows against all rows at a time in torch (no ``N x N`` matrix), then
+runs scikit-learn's k-means on ``budget x 11`` candidates.
+
 The Markdown table goes to stdout (pasted into BENCHMARKS.md).
 """
 
@@ -60,6 +65,8 @@ STRATEGIES = (
     "badge",
     "clue",
     "dbal",
+    "duc",
+    "las",
 )
 
 
@@ -271,7 +278,7 @@ def markdown(results: dict[str, Any]) -> str:
         for base, what in (("eada", "from scores"), ("eada_from_energies", "from energies")):
             e = by.get((base, n), {})
             parts = []
-            for other in ("badge", "clue", "coreset", "dbal"):
+            for other in ("badge", "clue", "coreset", "dbal", "duc", "las"):
                 r = by.get((other, n), {})
                 if "seconds" in e and "seconds" in r:
                     parts.append(

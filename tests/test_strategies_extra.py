@@ -233,3 +233,50 @@ def test_training_components_run_inside_the_trainer(
             strict=True,
         ):
             assert torch.equal(a, b)
+
+
+def _authors_clue(z: np.ndarray, energies: np.ndarray, k: int, seed: int) -> list[int]:
+    """CLUE's selection as the authors' code does it (sample.py, CLUESampling.query, read and
+    restated): entropy of softmax(logits / T) with 1e-8 added to the probabilities, scikit-learn
+    ``KMeans(n)`` (0.22: ``n_init=10``) weighted by it, then each centroid's nearest sample, the
+    next nearest ones where two centroids share a sample."""
+    from sklearn.cluster import KMeans
+
+    p = np.exp(-energies - np.log(np.exp(-energies).sum(1, keepdims=True))) + 1e-8
+    w = -(p * np.log(p)).sum(1)
+    km = KMeans(k, n_init=10, random_state=seed).fit(z, sample_weight=w)
+    d = ((km.cluster_centers_[:, None, :] - z[None, :, :]) ** 2).sum(-1)
+    order = d.argsort(axis=1)
+    picked: set[int] = set()
+    col = 0
+    while len(picked) < k:
+        picked |= set(order[:, col][: k - len(picked)].tolist())
+        col += 1
+    return sorted(picked)
+
+
+def test_clue_picks_match_the_authors_and_do_not_depend_on_the_kmeans_seed() -> None:
+    """A weakly clustered pool (SURF-like: 10 classes, 150 samples, K = 2) where one k-means++
+    initialisation lands in different local optima for different seeds: with ``n_init = 1``
+    (our CLUE before) the picks of seeds 0-7 were two different pairs; with the authors'
+    ``n_init = 10`` every seed picks what their code picks."""
+    g = _rng(0)
+    z = g.normal(size=(150, 16)) + np.repeat(g.normal(size=(10, 16)), 15, axis=0)
+    z = z.astype(np.float32)
+    energies = g.normal(scale=2.0, size=(150, 10))
+    pool = PoolOutputs(energies=energies, embeddings=z)
+    clue = get_strategy("clue").fn
+    with threadpool_limits(1):
+        picks = {tuple(sorted(clue(pool, 2, _rng(s)).indices.tolist())) for s in range(8)}
+        reference = _authors_clue(z, energies, 2, seed=0)
+        one_init = {
+            tuple(sorted(clue(pool, 2, _rng(s), n_init=1).indices.tolist())) for s in range(8)
+        }
+    assert picks == {tuple(reference)}
+    assert len(one_init) > 1  # the state does separate the two settings
+
+
+def test_clue_rejects_a_bad_n_init() -> None:
+    pool = PoolOutputs(energies=np.zeros((4, 2)), embeddings=np.zeros((4, 2)))
+    with pytest.raises(ValueError, match="n_init"):
+        get_strategy("clue").fn(pool, 2, _rng(), n_init=0)

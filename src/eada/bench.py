@@ -81,6 +81,9 @@ COMPLEXITY: dict[str, tuple[str, str]] = {
     "eada": ("O(N log N)", "O(N + B log B)"),
     "mvsm": ("O(N log N)", "O(N + B log B)"),
     "free_energy": ("O(N log N)", "O(N + B log B)"),
+    # not in the EADA paper's table (later methods): K = LAS neighbours, k = kappa (DUC)
+    "duc": ("-", "O(NC + kB log kB)"),
+    "las": ("-", "O(D N^2 + NKC + B^2 M D T)"),
 }
 
 

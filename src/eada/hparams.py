@@ -110,6 +110,49 @@ _BASELINES = {
 for _m in _BASELINES:
     METHODS[_m] = {"active": {"strategy": _m}, "train": {"gamma": 0.0}}
 
+# methods after EADA (issue 24). DUC: the evidential component is the whole classifier loss
+# (the trainer's own NLL and L_fea weights are 0); kappa = 10 as in every run of the authors'
+# script_cls.sh (their defaults.py says 2); beta 1.0 and lambda 0.05 their defaults.
+METHODS["duc"] = {
+    "active": {
+        "strategy": "duc",
+        "params": {"kappa": 10, "duc_beta": 1.0, "duc_lambda": 0.05},
+    },
+    "train": {"gamma": 0.0, "delta_s": 0.0, "delta_t": 0.0},
+}
+# LADA's LAS with the authors' defaults (LADA.S_K 10, S_M 10, S_PROP_ITER 1, S_PROP_COEF 1.0),
+# plain NLL training (their "ft" solver)
+METHODS["las"] = {
+    "active": {
+        "strategy": "las",
+        "params": {"neighbours": 10, "oversample": 10, "prop_iter": 1, "prop_coef": 1.0},
+    },
+    "train": {"gamma": 0.0},
+}
+# LAS with MME as its adaptation solver (their solver/MMEsolver.py: ADA.UNSUP_WT = 0.1)
+METHODS["las_mme"] = {
+    "active": {
+        "strategy": "las",
+        "params": {"aux_components": ["adversarial_entropy"], "aux_weight": 0.1},
+    },
+    "train": {"gamma": 0.0},
+}
+
+# LAS with LADA's anchor-set augmentation, random (RAA) or local (LAA): their
+# solver/PAAsolver.py with LADA.A_K 10, A_TH 0.9; the anchor batch is the labeled-target term
+for _m, _component in (("las_raa", "random_anchors"), ("las_laa", "local_anchors")):
+    METHODS[_m] = {
+        "active": {
+            "strategy": "las",
+            "params": {
+                "aux_components": [_component],
+                "anchor_neighbours": 10,
+                "anchor_threshold": 0.9,
+            },
+        },
+        "train": {"gamma": 0.0, "delta_t": 0.0},
+    }
+
 METHOD_LABELS = {
     "source_only": "Source-only",
     "random": "Random",
@@ -119,6 +162,11 @@ METHOD_LABELS = {
     "eada_no_f": "EADA w/o F",
     "eada_no_u": "EADA w/o U",
     **_BASELINES,
+    "duc": "DUC",
+    "las": "LADA (LAS)",
+    "las_mme": "LADA (LAS + MME)",
+    "las_raa": "LADA (LAS + RAA)",
+    "las_laa": "LADA (LAS + LAA)",
 }
 
 

@@ -3,7 +3,9 @@
 from eada.strategies import clue as _clue  # noqa: F401
 from eada.strategies import diversity as _diversity  # noqa: F401  (CoreSet, BADGE)
 from eada.strategies import domain as _domain  # noqa: F401  (AADA, TQS, DBAL, WAAL)
+from eada.strategies import duc as _duc  # noqa: F401  (DUC)
 from eada.strategies import eada as _eada  # noqa: F401  (registers EADA and its ablations)
+from eada.strategies import lada as _lada  # noqa: F401  (LADA's LAS)
 from eada.strategies import uncertainty as _uncertainty  # noqa: F401
 from eada.strategies.base import (
     STRATEGIES,

@@ -16,6 +16,19 @@ only the step's embeddings and the energy head (:class:`StepBatch`).
   unlabeled embeddings (sigmoid output) with a gradient penalty; the features minimise the
   estimated distance with WAAL's small weight ``active.params.critic_weight`` (default 2e-3);
   pool score ``critic_score`` in ``[0, 1]``.
+* ``evidential`` (DUC): the classifier's logits ``-E`` parameterise a Dirichlet; the evidential
+  loss (NLL + KL / C) on source and labeled target, ``beta * U_dis + lambda * U_data`` on
+  unlabeled target (the authors' ``core/active/loss.py`` and ``main.py``); no pool score (the
+  ``duc`` strategy computes its uncertainties from the energies). DUC's method sets the
+  trainer's own loss weights to 0 (``train.delta_s = delta_t = gamma = 0``), so this is the
+  whole classifier loss, as in their code.
+* ``random_anchors`` / ``local_anchors`` (LADA's RAA / LAA): an anchor set, at each epoch's start
+  the labeled target, trained with the energy NLL on a batch drawn from it each step; after the
+  step, candidates (RAA: random target samples; LAA: one of the ``K`` nearest cached target
+  embeddings of each anchor in the batch) whose predicted class has posterior >= the threshold
+  join it with that pseudo-label, each with a class-balancing probability (their
+  ``solver/PAAsolver.py``). Their methods set ``train.delta_t = 0``: the anchor batch is the
+  labeled-target term.
 
 :data:`STRATEGY_COMPONENTS` says which strategy switches on which components
 (``active.params.aux_components`` overrides it). Their parameters have their own Adam optimiser
@@ -26,6 +39,7 @@ the WAAL critic's feature-side weight is ``active.params.critic_weight`` (defaul
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,13 +47,17 @@ import torch
 from torch import nn
 
 from eada import energy as energy_ops
+from eada.strategies.duc import dirichlet_uncertainties
 
 STRATEGY_COMPONENTS: dict[str, tuple[str, ...]] = {
     "aada": ("domain_discriminator",),
     "tqs": ("committee", "domain_discriminator"),
     "clue": ("adversarial_entropy",),
     "waal": ("wasserstein_critic",),
+    "duc": ("evidential",),
 }
+# LADA's anchor-set augmentation is a training option of LAS (methods las_raa, las_laa in
+# eada.hparams), not its default: their LAS runs also with plain fine-tuning and with MME
 """The components each strategy trains by default (``active.params.aux_components`` overrides)."""
 
 
@@ -76,9 +94,32 @@ def _mlp(d: int, hidden: int, out: int) -> nn.Sequential:
     )
 
 
+class TargetAccess:
+    """What a component may ask of the target set during a step (LADA's anchor augmentation):
+    its size ``n``, the labeled positions ``labeled`` with ``labels`` (oracle labels, indexed by
+    target position), whether this step starts an epoch (``new_epoch``), the step's
+    ``batch_size``, and ``embed(positions)``: embeddings of target samples (no gradient, model in
+    eval mode)."""
+
+    def __init__(
+        self,
+        n: int,
+        labeled: torch.Tensor,
+        labels: torch.Tensor,
+        new_epoch: bool,
+        batch_size: int,
+        embed: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        self.n, self.labeled, self.labels = n, labeled, labels
+        self.new_epoch, self.batch_size, self.embed = new_epoch, batch_size, embed
+
+
 class StepBatch:
     """Embeddings of one training step: source ``zs`` with labels ``ys``, unlabeled target
-    ``zu``, labeled target ``zl`` with labels ``yl`` (may be empty), and the energy ``head``."""
+    ``zu``, labeled target ``zl`` with labels ``yl`` (may be empty), and the energy ``head``;
+    ``requested`` maps a component's name to the embeddings (with gradient) and labels of the
+    target samples it asked for (:meth:`AuxComponent.target_request`), ``access`` the target
+    set (:class:`TargetAccess`, or ``None``)."""
 
     def __init__(
         self,
@@ -88,8 +129,12 @@ class StepBatch:
         zl: torch.Tensor,
         yl: torch.Tensor,
         head: nn.Module,
+        requested: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+        access: TargetAccess | None = None,
     ) -> None:
         self.zs, self.ys, self.zu, self.zl, self.yl, self.head = zs, ys, zu, zl, yl, head
+        self.requested = requested or {}
+        self.access = access
 
 
 class AuxComponent(nn.Module):
@@ -122,6 +167,11 @@ class AuxComponent(nn.Module):
     def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
         """Per-sample scores on pool embeddings ``z`` (``(N, D)``), for ``PoolOutputs.extra``."""
         return {}
+
+    def target_request(self, access: TargetAccess) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Target positions (and their labels) to embed WITH gradient in this step's forward
+        pass, handed back in ``StepBatch.requested[name]``; ``None`` (the default) for none."""
+        return None
 
 
 COMPONENT_CLASSES: dict[str, type[AuxComponent]] = {}
@@ -280,6 +330,275 @@ class WassersteinCritic(AuxComponent):
     @torch.no_grad()
     def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
         return {"critic_score": self.critic(z).double().cpu().numpy()}
+
+
+def evidential_loss(
+    logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DUC's evidential loss on a labeled batch: ``(NLL, KL)``, each a batch mean.
+
+    With ``alpha = exp(logits)``, ``S = sum alpha`` and ``y`` one-hot:
+    ``NLL = log S - log alpha_y`` (the expected-likelihood form, equal to cross-entropy) and
+    ``KL = KL(Dir(alpha~) || Dir(1))`` with ``alpha~ = y + (1 - y) * alpha`` (the target class's
+    evidence removed). The authors' trainer adds ``NLL + KL / C``.
+
+    Example:
+        >>> nll, kl = evidential_loss(torch.zeros(1, 2), torch.tensor([0]))
+        >>> round(float(nll), 4), round(float(kl), 4)  # log 2; alpha~ = (1, 1) is Dir(1)
+        (0.6931, 0.0)
+    """
+    alpha = torch.exp(logits)
+    total = alpha.sum(dim=1)
+    y = nn.functional.one_hot(labels, logits.shape[1]).to(logits.dtype)
+    nll = (y * (total.log()[:, None] - alpha.log())).sum() / len(logits)
+    a = y + (1.0 - y) * alpha
+    a_total = a.sum(dim=1)
+    kl = (
+        torch.lgamma(a_total)
+        - torch.lgamma(torch.tensor(float(logits.shape[1]), dtype=logits.dtype))
+        - torch.lgamma(a).sum(dim=1)
+        + ((a - 1) * (torch.digamma(a) - torch.digamma(a_total)[:, None])).sum(dim=1)
+    ).sum() / len(logits)
+    return nll, kl
+
+
+@register_component
+class Evidential(AuxComponent):
+    """DUC's training loss (Xie et al., ICLR 2023) on the energy head, ``logits = -E``:
+
+    ``L = NLL(S) + KL(S) / C + [NLL(T_l) + KL(T_l) / C] + beta * U_dis(T_u) + lambda * U_data(T_u)``
+
+    (:func:`evidential_loss`, :func:`eada.strategies.duc.dirichlet_uncertainties`; the
+    unlabeled terms only when ``beta > 0``, as in their ``main.py``). ``beta`` =
+    ``active.params.duc_beta`` (their ``TRAINER.BETA``, 1.0), ``lambda`` =
+    ``active.params.duc_lambda`` (``TRAINER.LAMBDA``, 0.05). Their VisDA run halves the source
+    terms after the first epoch; we do not.
+
+    Example:
+        >>> torch.manual_seed(0) and None
+        >>> z = torch.randn(6, 4)
+        >>> batch = StepBatch(z[:2], torch.tensor([0, 1]), z[2:4], z[4:], torch.tensor([2, 0]),
+        ...                   nn.Linear(4, 3))
+        >>> loss, logs = Evidential(1.0, 0.05).loss(batch)
+        >>> sorted(logs), bool(torch.isfinite(loss))
+        (['duc_kl', 'duc_nll', 'duc_u_data', 'duc_u_dis'], True)
+    """
+
+    name = "evidential"
+    settings: ClassVar[dict[str, float | int]] = {"duc_beta": 1.0, "duc_lambda": 0.05}
+
+    def __init__(self, beta: float, lam: float) -> None:
+        super().__init__()
+        self.beta, self.lam = beta, lam
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        return cls(float(cls.setting(params, "duc_beta")), float(cls.setting(params, "duc_lambda")))
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        logits_s = -batch.head(batch.zs)
+        c = logits_s.shape[1]
+        nll, kl = evidential_loss(logits_s, batch.ys)
+        total, logs = nll + kl / c, {"duc_nll": float(nll.detach()), "duc_kl": float(kl.detach())}
+        if len(batch.zl):
+            nll_t, kl_t = evidential_loss(-batch.head(batch.zl), batch.yl)
+            total = total + nll_t + kl_t / c
+        if self.beta > 0 and len(batch.zu):
+            u_dis, u_data = dirichlet_uncertainties(-batch.head(batch.zu))
+            total = total + self.beta * u_dis.mean() + self.lam * u_data.mean()
+            logs["duc_u_dis"] = float(u_dis.mean().detach())
+            logs["duc_u_data"] = float(u_data.mean().detach())
+        return total, logs
+
+
+def class_balance(anchor_labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """LADA's acceptance probability of a pseudo-label per class from the anchor set's labels:
+    with ``d = counts + 1``, ``1 - d / max d + min d / max d`` (1 for the rarest class).
+
+    Example:
+        >>> class_balance(np.array([0, 0, 0, 1]), 3).round(3).tolist()
+        [0.25, 0.75, 1.0]
+    """
+    d = np.bincount(np.asarray(anchor_labels, dtype=np.int64), minlength=num_classes) + 1.0
+    return 1.0 - d / d.max() + d.min() / d.max()
+
+
+def accept_anchors(
+    candidates: np.ndarray,
+    probs: np.ndarray,
+    anchor_labels: np.ndarray,
+    anchored: set[int],
+    threshold: float,
+    uniforms: np.ndarray,
+) -> tuple[list[int], list[int]]:
+    """The candidates that join the anchor set, with their pseudo-labels, in candidate order.
+
+    Candidate ``i`` (target position ``candidates[i]``, posteriors ``probs[i]``) joins when
+    ``uniforms[i] <= class_balance(anchor_labels)[argmax p]``, ``max p >= threshold`` and it is
+    not in ``anchored`` (the anchor set before this batch: like the authors' loop, a position
+    drawn twice in one batch joins twice).
+
+    Example:
+        >>> p = np.array([[0.95, 0.05], [0.6, 0.4], [0.02, 0.98]])
+        >>> accept_anchors(np.array([4, 5, 6]), p, np.array([0]), {1}, 0.9, np.zeros(3))
+        ([4, 6], [0, 1])
+    """
+    sp = class_balance(anchor_labels, probs.shape[1])
+    idx, lab = [], []
+    for i, pos in enumerate(np.asarray(candidates).tolist()):
+        pl = int(np.argmax(probs[i]))
+        if uniforms[i] <= sp[pl] and probs[i].max() >= threshold and pos not in anchored:
+            idx.append(int(pos))
+            lab.append(pl)
+    return idx, lab
+
+
+def local_candidates(
+    queries: torch.Tensor, cache: torch.Tensor, k: int, columns: torch.Tensor
+) -> torch.Tensor:
+    """LAA's candidates: for each query embedding, its ``columns[i]``-th (0-based, ``< k``) most
+    cosine-similar row of ``cache`` (normalised target embeddings; the query's own row may be
+    among them, as in the authors' code).
+
+    Example:
+        >>> cache = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.7, 0.7]])
+        >>> local_candidates(torch.tensor([[1.0, 0.1]]), cache, 2, torch.tensor([1])).tolist()
+        [2]
+    """
+    sims = nn.functional.normalize(queries, dim=1) @ cache.T
+    top = torch.topk(sims, k=min(k, cache.shape[0]), dim=1).indices
+    return torch.gather(top, 1, columns.view(-1, 1)).squeeze(1)
+
+
+class AnchorAugmentation(AuxComponent):
+    """LADA's anchor-set augmentation (Sun et al., ICCV 2023; their ``solver/PAAsolver.py``).
+
+    At each epoch's first step the anchor set is the labeled target (positions and oracle
+    labels); every step trains the energy NLL on a batch of it (asked through
+    :meth:`target_request`, so the features learn from it), then, while the anchor set is
+    smaller than the target set, draws as many candidates as the batch has rows (RAA: uniform
+    target positions; LAA: for each anchor of the batch, one of its ``K`` most similar target
+    embeddings, uniformly, from embeddings cached at the epoch's start and refreshed for each
+    candidate seen) and adds those :func:`accept_anchors` accepts, pseudo-labeled. Settings:
+    ``anchor_neighbours`` (``LADA.A_K``, 10; 5 in their Office-31 config; 0 switches the
+    augmentation off), ``anchor_threshold`` (``LADA.A_TH``, 0.9).
+
+    Differences from their code: no RandAugment/mixup views of the anchors (ours train on
+    whatever inputs the task has, often fixed features), candidates embedded in eval mode, and
+    a candidate step before the optimiser's step rather than after it.
+    """
+
+    name: ClassVar[str] = "anchor_augmentation"
+    local: ClassVar[bool] = False
+    settings: ClassVar[dict[str, float | int]] = {"anchor_neighbours": 10, "anchor_threshold": 0.9}
+
+    def __init__(self, num_classes: int, k: int, threshold: float) -> None:
+        super().__init__()
+        self.num_classes, self.k, self.threshold = num_classes, k, threshold
+        seed = int(torch.randint(2**31 - 1, (1,)))
+        self.generator = torch.Generator().manual_seed(seed)
+        self.np_rng = np.random.default_rng(seed)
+        self.anchor_idx: list[int] = []
+        self.anchor_lab: list[int] = []
+        self.cache: torch.Tensor | None = None
+        self._started = False
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        k = int(cls.setting(params, "anchor_neighbours"))
+        th = float(cls.setting(params, "anchor_threshold"))
+        if k < 0 or not 0.0 <= th <= 1.0:
+            raise ValueError(
+                f"active.params: anchor_neighbours must be >= 0 and anchor_threshold in [0, 1], "
+                f"got {k} and {th}"
+            )
+        return cls(num_classes, k, th)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """The random streams (checkpoints; the anchor set restarts every epoch)."""
+        return {"generator": self.generator.get_state(), "np_rng": self.np_rng.bit_generator.state}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`get_extra_state`."""
+        self.generator.set_state(state["generator"])
+        self.np_rng.bit_generator.state = state["np_rng"]
+
+    def reset(self, access: TargetAccess) -> None:
+        """The anchor set = the labeled target; LAA caches every target embedding."""
+        self.anchor_idx = access.labeled.tolist()
+        self.anchor_lab = access.labels[access.labeled].tolist()
+        self.cache = None
+        if self.local and self.k > 0 and len(self.anchor_idx):
+            rows = [
+                access.embed(torch.arange(a, min(a + 1024, access.n)))
+                for a in range(0, access.n, 1024)
+            ]
+            self.cache = nn.functional.normalize(torch.cat(rows).float().cpu(), dim=1)
+
+    def target_request(self, access: TargetAccess) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if access.new_epoch or not self._started:
+            self.reset(access)
+            self._started = True
+        if not self.anchor_idx:
+            return None
+        take = torch.randperm(len(self.anchor_idx), generator=self.generator)
+        take = take[: min(access.batch_size, len(self.anchor_idx))]
+        idx = torch.tensor(self.anchor_idx)[take]
+        return idx, torch.tensor(self.anchor_lab)[take]
+
+    def candidates(self, za: torch.Tensor, n: int) -> torch.Tensor:
+        """RAA: ``len(za)`` uniform target positions (LAA overrides)."""
+        return torch.randint(n, (len(za),), generator=self.generator)
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        if self.name not in batch.requested or batch.access is None:
+            return batch.zs.sum() * 0.0, {}
+        za, ya = batch.requested[self.name]
+        loss = energy_ops.energy_nll(batch.head(za), ya)
+        access = batch.access
+        added: list[int] = []
+        if self.k > 0 and len(self.anchor_idx) < access.n:
+            with torch.no_grad():
+                cand = self.candidates(za.detach().float().cpu(), access.n)
+                zc = access.embed(cand)
+                probs = torch.softmax(-batch.head(zc), dim=1).double().cpu().numpy()
+                if self.cache is not None:
+                    self.cache[cand] = nn.functional.normalize(zc.float().cpu(), dim=1)
+            added, labels = accept_anchors(
+                cand.numpy(),
+                probs,
+                np.asarray(self.anchor_lab),
+                set(self.anchor_idx),
+                self.threshold,
+                self.np_rng.random(len(cand)),
+            )
+            self.anchor_idx += added
+            self.anchor_lab += labels
+        return loss, {"loss_anchors": float(loss.detach()), "anchors": float(len(self.anchor_idx))}
+
+
+@register_component
+class RandomAnchors(AnchorAugmentation):
+    """LADA's RAA: :class:`AnchorAugmentation` with uniformly random candidates."""
+
+    name = "random_anchors"
+
+
+@register_component
+class LocalAnchors(AnchorAugmentation):
+    """LADA's LAA: :class:`AnchorAugmentation` with candidates among each anchor's ``K``
+    nearest cached target embeddings (:func:`local_candidates`)."""
+
+    name = "local_anchors"
+    local = True
+
+    def candidates(self, za: torch.Tensor, n: int) -> torch.Tensor:
+        assert self.cache is not None
+        k = min(self.k, n)
+        cols = torch.randint(k, (len(za),), generator=self.generator)
+        return local_candidates(za, self.cache, k, cols)
 
 
 COMPONENTS = tuple(COMPONENT_CLASSES)

@@ -32,6 +32,7 @@ from eada.strategies.components import (
     Committee,
     DomainDiscriminator,
     StepBatch,
+    TargetAccess,
     WassersteinCritic,
     grad_reverse,
 )
@@ -74,6 +75,7 @@ class AuxTraining:
         self.optimizer = torch.optim.Adam(trainable, lr=lr) if trainable else None
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(seed)
+        self._step_in_epoch, self._epoch_steps = 0, 1
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """The components' parameters."""
@@ -109,17 +111,36 @@ class AuxTraining:
         lab = torch.nonzero(mask).squeeze(1)
         iu = self._draw(unl) if len(unl) else torch.empty(0, dtype=torch.long)
         il = self._draw(lab) if len(lab) else torch.empty(0, dtype=torch.long)
-        n_s, n_u = len(xs), len(iu)
-        (xt,) = iterate_inputs(tgt.view("train"), [torch.cat([iu, il])])
+        if self._step_in_epoch == 0:
+            self._epoch_steps = trainer.steps_per_epoch()
+        access = TargetAccess(
+            len(tgt),
+            lab,
+            trainer.target_labels,
+            self._step_in_epoch == 0,
+            self.batch_size,
+            lambda idx: self._embed_eval(trainer, idx),
+        )
+        self._step_in_epoch = (self._step_in_epoch + 1) % max(1, self._epoch_steps)
+        asked = {c.name: r for c in self._items if (r := c.target_request(access)) is not None}
+        n_s, n_u, n_l = len(xs), len(iu), len(il)
+        rows = [iu, il, *(r[0] for r in asked.values())]
+        (xt,) = iterate_inputs(tgt.view("train"), [torch.cat(rows)])
         x = torch.cat([xs, xt]).to(dev)
         z = embed(x)
+        requested, at = {}, n_s + n_u + n_l
+        for name, (idx, y) in asked.items():
+            requested[name] = (z[at : at + len(idx)], y.to(dev))
+            at += len(idx)
         batch = StepBatch(
             z[:n_s],
             ys.to(dev),
             z[n_s : n_s + n_u],
-            z[n_s + n_u :],
+            z[n_s + n_u : n_s + n_u + n_l],
             trainer.target_labels[il].to(dev),
             head,
+            requested,
+            access,
         )
         total = torch.zeros((), device=dev)
         logs: dict[str, float] = {}
@@ -128,6 +149,18 @@ class AuxTraining:
             total = total + loss
             logs.update(out)
         return total, logs
+
+    @torch.no_grad()
+    def _embed_eval(self, trainer: ActiveDATrainer, idx: torch.Tensor) -> torch.Tensor:
+        """Embeddings of target positions ``idx`` (train view, eval mode, no gradient)."""
+        model = trainer.model
+        was = model.training
+        model.eval()
+        try:
+            (x,) = iterate_inputs(trainer.task.target.view("train"), [idx])
+            return model.embed(x.to(trainer.device))  # type: ignore[operator]
+        finally:
+            model.train(was)
 
     def zero_grad(self) -> None:
         """Clear the components' gradients."""
@@ -156,6 +189,8 @@ class AuxTraining:
             "components": self.components.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "generator": self.generator.get_state(),
+            "step_in_epoch": self._step_in_epoch,
+            "epoch_steps": self._epoch_steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -164,16 +199,20 @@ class AuxTraining:
         if self.optimizer is not None and state["optimizer"] is not None:
             self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
+        self._step_in_epoch = int(state.get("step_in_epoch", 0))
+        self._epoch_steps = int(state.get("epoch_steps", 1))
 
 
 def build_aux(trainer: ActiveDATrainer) -> AuxTraining | None:
     """The training components the trainer's strategy needs (``None`` for most strategies).
 
     ``active.params.aux_components`` overrides the default list (``[]`` trains none: the
-    strategy then needs its scores from elsewhere)."""
+    strategy then needs its scores from elsewhere). They train whenever the strategy is not
+    ``none``, also in a run without rounds (a project store trains each segment between rounds
+    as such a run): DUC's evidential loss is its whole classifier loss."""
     a = trainer.cfg.active
     names = tuple(a.params.get("aux_components", STRATEGY_COMPONENTS.get(a.strategy, ())))
-    if not a.enabled or not names:
+    if a.strategy == "none" or not names:
         return None
     model = trainer.model
     head = getattr(model, "head", None)

@@ -1,0 +1,213 @@
+"""LAS: Local context-aware sampling of LADA (Sun et al., ICCV 2023).
+
+LAS scores each pool sample by how much the model's predictions disagree inside its
+feature-space neighbourhood, as the authors' ``active/LASsampler.py`` computes it:
+
+1. ``z`` = L2-normalised embeddings; each sample's ``K`` nearest neighbours by cosine similarity
+   (the ``K + 1`` most similar rows, the first one, the sample itself, dropped), with weights
+   ``w_ik = s_ik / sum_k s_ik`` (``s`` the similarities).
+2. ``Q_i = -sum_k w_ik <p_i, p_{n_ik}>`` with ``p = softmax(-E)``: high when the neighbours
+   predict other classes than the sample.
+3. ``prop_iter`` times: ``Q_i += prop_coef * sum_k w_ik Q_{n_ik}`` (all samples at once).
+4. Diversity: k-means with ``budget`` clusters on the embeddings of the ``budget x (1 + M)``
+   samples of highest ``Q``; the sample nearest to each centroid, and while two centroids share
+   one, the next nearest of the first centroids (their loop over columns of the sorted
+   distances).
+
+The neighbours are an exact search, blocked: a block of rows times all rows at a time
+(``torch.topk`` per block), so memory is ``O(block x N + N x K)``, never an ``N x N`` matrix;
+time is ``O(N^2 D)`` matrix products. k-means is scikit-learn's, as in the authors' code.
+
+Where the similarities of a sample's neighbours do not sum to a positive number (possible only
+with embeddings that take both signs), its weights are uniform ``1 / K`` instead of the
+authors' division by that sum (which gives infinities there).
+
+LADA's training part is the anchor-set augmentation (RAA/LAA) and, as an option, MME's
+adversarial entropy (:mod:`eada.strategies.components`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from eada.strategies.base import PoolOutputs, Selection, check_request, register
+
+_BLOCK_ELEMENTS = 1 << 22
+
+
+def cosine_neighbours(
+    embeddings: np.ndarray, k: int, *, exclude_first: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most cosine-similar rows of every row, exact, computed a block of rows at a time.
+
+    Like the authors, takes the ``k + 1`` most similar rows and drops the first (the row itself)
+    when ``exclude_first``.
+
+    Args:
+        embeddings: ``(N, D)`` features (normalised here, float32 as in the authors' code).
+        k: neighbours per row (``k + 1 <= N`` when ``exclude_first``).
+
+    Returns:
+        ``(similarities, indices)``, each ``(N, k)``, most similar first.
+
+    Example:
+        >>> z = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
+        >>> cosine_neighbours(z, 1)[1].tolist()
+        [[1], [0], [1]]
+    """
+    z = torch.nn.functional.normalize(torch.from_numpy(np.asarray(embeddings, np.float32)), dim=1)
+    n = len(z)
+    take = k + 1 if exclude_first else k
+    if take > n:
+        raise ValueError(f"{k} neighbours asked of {n} samples")
+    block = max(1, _BLOCK_ELEMENTS // max(n, 1))
+    sims = torch.empty(n, k)
+    idx = torch.empty(n, k, dtype=torch.long)
+    for start in range(0, n, block):
+        s, i = torch.topk(z[start : start + block] @ z.T, k=take, dim=1)
+        first = 1 if exclude_first else 0
+        sims[start : start + block] = s[:, first:]
+        idx[start : start + block] = i[:, first:]
+    return sims, idx
+
+
+def las_scores(
+    probs: np.ndarray,
+    embeddings: np.ndarray,
+    k: int = 10,
+    prop_iter: int = 1,
+    prop_coef: float = 1.0,
+) -> np.ndarray:
+    """LAS's local-inconsistency score ``Q`` of every sample (higher = query first).
+
+    Args:
+        probs: ``(N, C)`` class posteriors.
+        embeddings: ``(N, D)`` features.
+        k: neighbours (``LADA.S_K``), at most ``N - 1`` used.
+        prop_iter: propagation steps (``LADA.S_PROP_ITER``).
+        prop_coef: propagation weight (``LADA.S_PROP_COEF``).
+
+    Example:
+        >>> p = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+        >>> z = np.array([[1.0, 0.0], [0.9, 0.1], [0.8, 0.3]])
+        >>> las_scores(p, z, k=1, prop_iter=0).tolist()  # the third disagrees with its neighbour
+        [-1.0, -1.0, -0.0]
+    """
+    n = len(probs)
+    k = min(k, n - 1)
+    if k < 1:
+        return np.zeros(n)
+    sims, idx = cosine_neighbours(embeddings, k)
+    total = sims.sum(dim=1, keepdim=True)
+    w = torch.where(total > 0, sims / total, torch.full_like(sims, 1.0 / k))
+    p = torch.from_numpy(np.asarray(probs, dtype=np.float32))
+    q = torch.empty(n)
+    block = max(1, _BLOCK_ELEMENTS // max(1, k * p.shape[1]))
+    for start in range(0, n, block):
+        stop = start + block
+        agree = (p[idx[start:stop]] * p[start:stop].unsqueeze(1)).sum(-1)
+        q[start:stop] = -(agree * w[start:stop]).sum(-1)
+    for _ in range(prop_iter):
+        q = q + (w * q[idx]).sum(-1) * prop_coef
+    return q.double().numpy()
+
+
+def _nearest_columns(centres: np.ndarray, x: np.ndarray, m: int) -> np.ndarray:
+    """For each centre, the positions of its ``m`` nearest rows of ``x`` (Euclidean), nearest
+    first, computed a block of centres at a time."""
+    x_sq = np.einsum("ij,ij->i", x, x)
+    out = np.empty((len(centres), m), dtype=np.int64)
+    block = max(1, _BLOCK_ELEMENTS // max(1, len(x)))
+    for c0 in range(0, len(centres), block):
+        c = centres[c0 : c0 + block]
+        d = np.einsum("ij,ij->i", c, c)[:, None] + x_sq[None, :] - 2.0 * (c @ x.T)
+        if m < len(x):
+            part = np.argpartition(d, m - 1, axis=1)[:, :m]
+            order = np.argsort(np.take_along_axis(d, part, axis=1), axis=1, kind="stable")
+            out[c0 : c0 + block] = np.take_along_axis(part, order, axis=1)
+        else:
+            out[c0 : c0 + block] = np.argsort(d, axis=1, kind="stable")
+    return out
+
+
+def centroid_picks(centres: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The authors' pick of one row of ``x`` per centre: column ``ax = 0, 1, ...`` of each
+    centre's distance order, for the first ``rem`` centres still missing, until ``len(centres)``
+    distinct rows are taken. Returns row positions in the order they were first taken.
+    """
+    n = len(centres)
+    m = min(len(x), 16)
+    while True:
+        order = _nearest_columns(np.asarray(centres, np.float64), np.asarray(x, np.float64), m)
+        taken: dict[int, None] = {}
+        ax, rem = 0, n
+        while rem > 0 and ax < m:
+            for j in order[:rem, ax].tolist():
+                taken.setdefault(int(j))
+            rem = n - len(taken)
+            ax += 1
+        if rem == 0:
+            return np.fromiter(taken, dtype=np.int64, count=n)
+        m = min(len(x), 4 * m)
+
+
+@register(
+    "las",
+    needs=("energies", "embeddings"),
+    summary="LADA's local inconsistency of predictions among cosine kNN, then k-means diversity",
+    reference="Sun et al., Local Context-Aware Active Domain Adaptation, ICCV 2023",
+)
+def las_select(
+    pool: PoolOutputs,
+    budget: int,
+    rng: np.random.Generator,
+    *,
+    neighbours: int = 10,
+    oversample: int = 10,
+    prop_iter: int = 1,
+    prop_coef: float = 1.0,
+    **_: Any,
+) -> Selection:
+    """LAS (module docstring): ``Q`` on the cosine kNN graph, k-means over the top candidates.
+
+    Args:
+        pool: energies (``p = softmax(-E)``) and embeddings.
+        budget: number of picks (and of k-means clusters).
+        rng: seeds k-means.
+        neighbours: ``K`` (``LADA.S_K``, authors' default 10; 5 in their Office-31 config).
+        oversample: ``M`` (``LADA.S_M``, default 10; 5 for VisDA): k-means runs on the
+            ``budget x (1 + M)`` samples of highest ``Q``.
+        prop_iter: ``LADA.S_PROP_ITER`` (default 1).
+        prop_coef: ``LADA.S_PROP_COEF`` (default 1.0).
+
+    Example:
+        >>> gen = np.random.default_rng(0)
+        >>> e, z = gen.normal(size=(50, 3)), gen.normal(size=(50, 4))
+        >>> pool = PoolOutputs(energies=e, embeddings=z)
+        >>> len(las_select(pool, 5, np.random.default_rng(0), neighbours=5).indices)
+        5
+    """
+    from sklearn.cluster import KMeans  # a core dependency; imported here to keep imports light
+
+    n = check_request(pool, budget)
+    if neighbours < 1 or oversample < 0 or prop_iter < 0:
+        raise ValueError(
+            f"las: neighbours must be >= 1, oversample and prop_iter >= 0; got {neighbours}, "
+            f"{oversample}, {prop_iter}"
+        )
+    z = pool.require_embeddings("las")
+    q = las_scores(pool.probabilities("las"), z, neighbours, prop_iter, prop_coef)
+    ranked = np.argsort(-q, kind="stable")
+    cand = ranked[: min(n, budget * (1 + oversample))]
+    zc = torch.nn.functional.normalize(torch.from_numpy(np.asarray(z[cand], np.float32)), dim=1)
+    km = KMeans(n_clusters=budget, random_state=int(rng.integers(2**31 - 1)))
+    km.fit(zc.numpy())
+    picked = cand[centroid_picks(km.cluster_centers_, zc.numpy())]
+    return Selection(
+        indices=picked.astype(np.int64),
+        scores={"local_inconsistency": q},
+        info={"candidates": len(cand), "kmeans_iterations": int(km.n_iter_)},
+    )
