@@ -98,10 +98,11 @@ def test_same_yaml_from_another_folder_names_other_data(
     assert str(tmp_path / "a" / "data" / "src.npz") in err
     assert str(tmp_path / "b" / "data" / "src.npz") in err
     assert len(read_jsonl(out / "runs.jsonl")) == 1
-    # the same bytes in another folder are the same data: reused
+    # the paths are part of the resolved config: even the same bytes there are refused
     _features(tmp_path / "b" / "data", seed=0)
-    assert _run(cfg_b, out) == 0
-    assert "reused 1 run" in capsys.readouterr().err
+    assert _run(cfg_b, out) == 2
+    assert "use another --out" in capsys.readouterr().err
+    assert len(read_jsonl(out / "runs.jsonl")) == 1
 
 
 def test_a_record_lacking_a_key_is_compared_with_what_the_old_code_ran(
