@@ -22,7 +22,7 @@ from matplotlib.ticker import MaxNLocator
 
 from eada.reports.figures_runs import PALETTE, plot_image_grid
 from eada.reports.html import _e, _Figures, _table, write_html
-from eada.store.unlabeled import QUERIED_NOTE
+from eada.store.unlabeled import QUERIED_NOTE, audit_headline
 
 THUMB = 160  # pixels of the square the images are decoded into
 
@@ -243,11 +243,7 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
         if a is not None:
             lines.append(f"<li>{label}: <b>{a['accuracy']:.2f}%</b> ({_e(a['note'])})</li>")
     for r in st["audit"]["rounds"]:
-        m = r["model"]
-        what = (
-            f"audit round {r['round']}: {r['drawn']} drawn uniformly from a pool of {r['pool']}, "
-            f"model of epoch {m['epoch']} trained on {m['trained_labels']} target labels"
-        )
+        what = audit_headline(r)
         if r["accuracy"] is None:
             lines.append(f"<li>{_e(what)}: no label yet</li>")
         else:

@@ -288,6 +288,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
+    from eada.store.unlabeled import audit_headline
+
     console.print(
         f"mode {st['mode']}, epoch {st['epoch']}, labeled {st['n_labeled']}/{st['n_target']} "
         f"({st['budget_spent_percent']:.2f}% of the target), skipped {st['n_skipped']}, "
@@ -333,11 +335,7 @@ def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
     if not any(acc.get(k) for k in ("heldout", "target", "queried")) and not audit.get("latest"):
         console.print("accuracy: nothing labeled to measure it on yet")
     for a in audit.get("rounds", []):
-        m = a["model"]
-        head = (
-            f"audit round {a['round']} ({a['drawn']} drawn uniformly from a pool of {a['pool']}; "
-            f"model of epoch {m['epoch']} trained on {m['trained_labels']} target labels)"
-        )
+        head = audit_headline(a)
         if a["accuracy"] is None:
             console.print(f"{head}: no label yet")
         else:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from eada.config import (
+    DATA_PATH_KEYS,
     ConfigError,
     ExperimentConfig,
     apply_overrides,
@@ -121,17 +122,7 @@ def absolute_data(raw_data: dict[str, Any]) -> dict[str, Any]:
     """A data section with its file paths made absolute (relative to the working folder at
     ``eada init``), so later commands work from any folder."""
     out = dict(raw_data)
-    keys = (
-        "source",
-        "target",
-        "heldout",
-        "root",
-        "cache_dir",
-        "source_labels",
-        "target_labels",
-        "heldout_labels",
-    )
-    for k in keys:
+    for k in DATA_PATH_KEYS:
         digits_name = out.get("kind") == "digits" and k != "root"  # mnist, usps: not paths
         if out.get(k) is not None and out.get("kind") != "toy" and not digits_name:
             out[k] = str(Path(out[k]).absolute())

@@ -227,6 +227,17 @@ def audit_summary(conn: sqlite3.Connection) -> dict[str, Any]:
     return {"rounds": rounds, "latest": latest, "method": "wilson", "note": AUDIT_NOTE}
 
 
+def audit_headline(r: dict[str, Any]) -> str:
+    """One audit round of :func:`audit_summary` in words: what was drawn, from which pool, for
+    which model (``audit round 3: 20 drawn uniformly from a pool of 275, model of epoch 12
+    trained on 8 target labels``)."""
+    m = r["model"]
+    return (
+        f"audit round {r['round']}: {r['drawn']} drawn uniformly from a pool of {r['pool']}, "
+        f"model of epoch {m['epoch']} trained on {m['trained_labels']} target labels"
+    )
+
+
 def class_coverage(conn: sqlite3.Connection) -> dict[str, Any]:
     """Which classes the labels in force cover: ``labeled_classes`` of ``classes``, the
     ``missing`` class names, and the ``counts`` per class (audit labels included: they are
