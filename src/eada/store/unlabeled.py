@@ -104,6 +104,19 @@ def external_ids(conn: sqlite3.Connection) -> dict[str, int]:
     return {i: sid for sid, (i, _) in sample_info(conn).items() if i is not None}
 
 
+def _labeled_and_right(conn: sqlite3.Connection, round_id: int) -> tuple[list[Any], int]:
+    """A round's selected samples with a class label in force, as ``(scores JSON, class
+    name)`` rows, and how many of them the model predicted right when the round was drawn."""
+    rows = conn.execute(
+        "SELECT rs.scores, c.name FROM round_samples rs JOIN labels l ON "
+        "l.sample_id = rs.sample_id AND NOT EXISTS (SELECT 1 FROM labels n WHERE "
+        "n.supersedes = l.id) JOIN classes c ON c.id = l.class_id "
+        "WHERE rs.round_id = ? AND rs.rank IS NOT NULL",
+        (round_id,),
+    ).fetchall()
+    return rows, sum(json.loads(s)["predicted"] == name for s, name in rows)
+
+
 def queried_accuracy(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """Per round: how many queried samples carry a label in force, and how many of them the
     model predicted right when it selected them."""
@@ -111,14 +124,7 @@ def queried_accuracy(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     for r in conn.execute(
         "SELECT id, number, epoch FROM rounds WHERE strategy != ? ORDER BY number", (AUDIT,)
     ):
-        rows = conn.execute(
-            "SELECT rs.scores, c.name FROM round_samples rs JOIN labels l ON "
-            "l.sample_id = rs.sample_id AND NOT EXISTS (SELECT 1 FROM labels n WHERE "
-            "n.supersedes = l.id) JOIN classes c ON c.id = l.class_id "
-            "WHERE rs.round_id = ? AND rs.rank IS NOT NULL",
-            (r["id"],),
-        ).fetchall()
-        hits = sum(json.loads(s)["predicted"] == name for s, name in rows)
+        rows, hits = _labeled_and_right(conn, r["id"])
         out.append(
             {
                 "round": r["number"],
@@ -194,14 +200,7 @@ def audit_summary(conn: sqlite3.Connection) -> dict[str, Any]:
             "SELECT COUNT(*) FROM round_samples WHERE round_id = ? AND rank IS NOT NULL",
             (r["id"],),
         ).fetchone()[0]
-        rows = conn.execute(
-            "SELECT rs.scores, c.name FROM round_samples rs JOIN labels l ON "
-            "l.sample_id = rs.sample_id AND NOT EXISTS (SELECT 1 FROM labels n WHERE "
-            "n.supersedes = l.id) JOIN classes c ON c.id = l.class_id "
-            "WHERE rs.round_id = ? AND rs.rank IS NOT NULL",
-            (r["id"],),
-        ).fetchall()
-        hits = sum(json.loads(s)["predicted"] == name for s, name in rows)
+        rows, hits = _labeled_and_right(conn, r["id"])
         info = json.loads(r["info"])
         entry: dict[str, Any] = {
             "round": r["number"],
