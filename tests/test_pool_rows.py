@@ -215,6 +215,12 @@ def test_bad_row_files_exit_2_and_change_nothing(tmp_path: Path, capsys) -> None
         err = " ".join(capsys.readouterr().err.split())
         assert err.startswith("error:") and message in err and str(target) in err, err
         assert _dump(store) == snapshot  # nothing changed
+        if "changed" in message:  # train refuses the changed row too, naming its id
+            assert main(["train", *s]) == 2
+            assert "differ from what was registered (first: sample 68 (id 't7'))" in (
+                capsys.readouterr().err
+            )
+            assert _dump(store) == snapshot
     _write(target, x[:40], ids)
     assert main(["train", *s]) == 0  # the project goes on with the registered rows
 
@@ -227,7 +233,11 @@ def test_a_file_without_ids_grows_by_appended_rows_only(tmp_path: Path, capsys) 
     s = ["--store", store]
     cfg = _config(tmp_path, d["source"], target, "zscore")  # type: ignore[arg-type]
     assert main(["init", *s, "--config", str(cfg)]) == 0
-    before = Project(store).task.target.x.clone()
+    proj = Project(store)
+    before = proj.task.target.x.clone()
+    with proj.store.transaction() as c:  # as a store made before statistics were recorded
+        c.execute("DELETE FROM meta WHERE key = 'target_statistics'")
+    proj.close()
     _write(target, x[:35], None)
     capsys.readouterr()
     assert main(["train", *s]) == 0
@@ -236,6 +246,8 @@ def test_a_file_without_ids_grows_by_appended_rows_only(tmp_path: Path, capsys) 
     assert "5 new row(s) registered" in capsys.readouterr().out
     proj = Project(store)
     assert torch.equal(proj.task.target.x[:30], before) and len(proj.task.target) == 35
+    # the first scan recorded the registered rows' statistics (those of init)
+    assert proj.store.get_json("target_statistics") == domain_statistics(x[:30], "zscore")
     proj.close()
     snapshot = _dump(store)
     for rows, message in (
@@ -281,17 +293,18 @@ def test_surf_rows_grow_with_frozen_statistics(tmp_path: Path, capsys) -> None:
     after = _target_rows(store)
     assert all(torch.equal(after[k], before[k]) for k in before)  # bit-identical
     # the whole file's own statistics differ: without freezing, the old rows would move
-    moved = Project(store).store.get_json("target_statistics") != domain_statistics(
-        x, "l1_zscore"
-    )
+    moved = Project(store).store.get_json("target_statistics") != domain_statistics(x, "l1_zscore")
     assert moved
     # the next round scores the grown pool (291 unlabeled, 196 old) and picks new rows
     assert main(["train", *s]) == 0 and main(["query", *s, "--budget", "200"]) == 0
     proj = Project(store)
     rnd = proj.store.rounds()[-1]
-    scored = {r[0] for r in proj.store.conn.execute(
-        "SELECT sample_id FROM round_samples WHERE round_id = ?", (rnd["id"],)
-    )}
+    scored = {
+        r[0]
+        for r in proj.store.conn.execute(
+            "SELECT sample_id FROM round_samples WHERE round_id = ?", (rnd["id"],)
+        )
+    }
     proj.close()
     new = {ids_after[k] for k in ids[200:]}
     assert new <= scored and len(new & set(_selected(store, 2))) >= 4
