@@ -40,14 +40,14 @@ def _config(tmp_path: Path, source: Path, target: Path, normalize: str, **active
 
 
 def _synthetic(tmp_path: Path, n: int = 40, ids: bool = True) -> dict[str, object]:
-    """Three Gaussian classes in 6-d (float rows: the z-score sums are not exact), a source
+    """Three Gaussian classes in 32-d (float rows: the z-score sums are not exact), a source
     with labels and an unlabeled target of ``n`` rows (ids ``t0``..)."""
     rng = np.random.default_rng(0)
-    centres = rng.normal(0, 3, (3, 6))
+    centres = rng.normal(0, 3, (3, 32))
     ys = np.repeat(np.arange(3), 20)
-    xs = centres[ys] + rng.normal(0, 1, (60, 6))
+    xs = centres[ys] + rng.normal(0, 1, (60, 32))
     yt = rng.integers(0, 3, 60)
-    xt = (centres[yt] + rng.normal(0, 1, (60, 6)) + 0.5).astype(np.float32)
+    xt = (centres[yt] + rng.normal(0, 1, (60, 32)) + 0.5).astype(np.float32)
     np.savez(tmp_path / "src.npz", fts=xs, labels=ys)
     target = tmp_path / "tgt.npz"
     _write(target, xt[:n], [f"t{i}" for i in range(n)] if ids else None)
@@ -130,7 +130,8 @@ def test_scan_registers_rows_with_new_ids_and_never_changes_a_registered_row(
     order = [*(f"t{i}" for i in range(20)), *(f"n{i}" for i in range(5))]
     order += [*(f"t{i}" for i in range(20, 40)), *(f"n{i}" for i in range(5, 10))]
     rows = {**{f"t{i}": x[i] for i in range(40)}, **{f"n{i}": x[40 + i] + 4 for i in range(10)}}
-    _write(target, np.stack([rows[k] for k in order]), order)
+    # (column-major now: the frozen statistics do not depend on the file's memory layout)
+    _write(target, np.asfortranarray(np.stack([rows[k] for k in order])), order)
     capsys.readouterr()
     assert main(["train", *s]) == 0  # trains on the registered rows, names the command
     err = " ".join(capsys.readouterr().err.split())
@@ -227,11 +228,12 @@ def test_bad_row_files_exit_2_and_change_nothing(tmp_path: Path, capsys) -> None
 
 def test_a_file_without_ids_grows_by_appended_rows_only(tmp_path: Path, capsys) -> None:
     d = _synthetic(tmp_path, n=30, ids=False)
-    x: np.ndarray = d["x"]  # type: ignore[assignment]
+    x: np.ndarray = np.abs(d["x"])  # type: ignore[call-overload]
     target: Path = d["target"]  # type: ignore[assignment]
+    _write(target, np.asfortranarray(x[:30]), None)  # column-major, as MATLAB writes
     store = str(tmp_path / "P")
     s = ["--store", store]
-    cfg = _config(tmp_path, d["source"], target, "zscore")  # type: ignore[arg-type]
+    cfg = _config(tmp_path, d["source"], target, "l1_zscore")  # type: ignore[arg-type]
     assert main(["init", *s, "--config", str(cfg)]) == 0
     proj = Project(store)
     before = proj.task.target.x.clone()
@@ -247,7 +249,9 @@ def test_a_file_without_ids_grows_by_appended_rows_only(tmp_path: Path, capsys) 
     proj = Project(store)
     assert torch.equal(proj.task.target.x[:30], before) and len(proj.task.target) == 35
     # the first scan recorded the registered rows' statistics (those of init)
-    assert proj.store.get_json("target_statistics") == domain_statistics(x[:30], "zscore")
+    stats = domain_statistics(np.asfortranarray(x[:30]), "l1_zscore")
+    assert proj.store.get_json("target_statistics") == stats
+    assert stats != domain_statistics(np.ascontiguousarray(x[:30]), "l1_zscore")
     proj.close()
     snapshot = _dump(store)
     for rows, message in (

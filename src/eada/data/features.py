@@ -181,10 +181,10 @@ Normalize = Literal["none", "l2", "zscore", "l1_zscore"]
 
 
 def _l1_rows(x: np.ndarray) -> np.ndarray:
-    """Rows divided by their L1 norm (summed over C-ordered rows, so a row's result never
-    depends on the file's memory layout or on the other rows)."""
-    x = np.ascontiguousarray(x)
-    return x / np.maximum(np.abs(x).sum(axis=1, keepdims=True), 1e-12)
+    """Rows divided by their L1 norm, in ``x``'s memory layout. The norms are summed over a
+    C-ordered copy, so a row's result depends neither on the file's layout (MATLAB's
+    column-major arrays; a row-stacked copy) nor on the other rows."""
+    return x / np.maximum(np.abs(np.ascontiguousarray(x)).sum(axis=1, keepdims=True), 1e-12)
 
 
 def domain_statistics(x: np.ndarray, how: Normalize) -> dict[str, Any]:
@@ -198,7 +198,6 @@ def domain_statistics(x: np.ndarray, how: Normalize) -> dict[str, Any]:
     """
     if how not in ("zscore", "l1_zscore"):
         return {"normalize": how}
-    x = np.ascontiguousarray(x)
     if how == "l1_zscore":
         x = _l1_rows(x)
     return {"normalize": how, "mean": x.mean(axis=0).tolist(), "std": x.std(axis=0).tolist()}

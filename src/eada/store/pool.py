@@ -420,7 +420,14 @@ def _frozen_statistics(
             f"rows are missing from {data.target}, so they cannot be recomputed: restore the "
             "file's registered rows and scan again, or start a new project"
         )
-    return domain_statistics(x[[where[reg.keys[r["id"]]] for r in reg.active()]], data.normalize)
+    active = reg.active()
+    rows = x[[where[reg.keys[r["id"]]] for r in active]]
+    want = [r["content_hash"] for r in active]
+    # a column mean's last bits depend on the memory layout init read the file in (row- or
+    # column-major, which the file may no longer have): take the one that reproduces the
+    # registered rows
+    found = [domain_statistics(a, data.normalize) for a in (rows, np.asfortranarray(rows))]
+    return next((st for st in found if _row_hashes(rows, data, st) == want), found[0])
 
 
 def row_changes(project: Any) -> RowChanges | None:
