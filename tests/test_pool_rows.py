@@ -286,6 +286,19 @@ def test_surf_rows_grow_with_frozen_statistics(tmp_path: Path, capsys) -> None:
     round1 = tmp_path / "P" / "exports" / "round-001.csv"
     assert main(["label", "import", str(_label(round1, truth, tmp_path / "l1.csv")), *s]) == 0
     before, ids_before = _target_rows(store), _ids(store)
+    snapshot = _dump(store)
+    changed = x.astype(np.float32)
+    changed[5, 0] += 1  # one more visual word in w5: a changed registered row
+    for rows, message in (
+        (changed, "changed (first id: 'w5')"),
+        (np.hstack([x, x[:, :1]]), "has 801 feature columns but its rows were registered"),
+    ):
+        _write(target, rows, ids)
+        capsys.readouterr()
+        assert main(["target", "scan", *s]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert message in err and str(target) in err, err
+        assert _dump(store) == snapshot
     _write(target, x, ids)
     capsys.readouterr()
     assert main(["target", "scan", *s]) == 0

@@ -541,7 +541,8 @@ def add_store_commands(sub: Any) -> None:
     tsub = tg.add_subparsers(dest="target_command", required=True)
     p = tsub.add_parser(
         "scan",
-        help="register new target files (features for the new ones only), leave out vanished",
+        help="register new target files (features for the new ones only) or feature rows with "
+        "new ids, leave out vanished ones",
     )
     store_arg(p)
     p.set_defaults(func=_cmd_target_scan)

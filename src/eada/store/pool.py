@@ -411,6 +411,12 @@ def _frozen_statistics(
     store made before they were recorded: then those of the registered rows, as at init)."""
     recorded = project.store.get_json("target_statistics")
     if recorded is not None:
+        width = len(recorded.get("mean", ())) or None
+        if width is not None and x.shape[1] != width:
+            raise StoreError(
+                f"{data.target} has {x.shape[1]} feature columns but its rows were registered "
+                f"with {width}: new rows must have the registered rows' columns"
+            )
         return dict(recorded)
     if any(r["position"] < 0 for r in reg.rows) or any(
         reg.keys[r["id"]] not in where for r in reg.active()
