@@ -130,7 +130,8 @@ def changes_note(project: Any) -> str | None:
 
 def scan_target(project: Any, progress: Progress = None) -> dict[str, Any]:
     """Register the new files of the project's unlabeled image target, extract features for
-    them only (frozen backbone), and leave out the files that vanished; one transaction.
+    them only (frozen backbone), and leave out the files that vanished; one transaction. A
+    feature-row target is scanned by :func:`scan_rows` (its return value).
 
     Returns:
         ``new`` (files registered), ``vanished`` (files left out), ``returned`` (vanished
@@ -139,8 +140,8 @@ def scan_target(project: Any, progress: Progress = None) -> dict[str, Any]:
         ``n_target`` (the pool's size now).
 
     Raises:
-        StoreError: the target is labeled or not image files, or a training segment was
-            interrupted (finish it with ``eada train`` first).
+        StoreError: the target is labeled or neither image files nor feature rows, or a
+            training segment was interrupted (finish it with ``eada train`` first).
     """
     store = project.store
     store.check_writable()

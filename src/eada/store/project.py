@@ -326,8 +326,9 @@ class Project(ProjectRounds):
         return self.status()
 
     def scan_target(self, progress: Progress = None) -> dict[str, Any]:
-        """``eada target scan``: register the files added to an unlabeled image target and
-        leave out the ones that vanished (:func:`eada.store.pool.scan_target`)."""
+        """``eada target scan``: register the files added to an unlabeled image target (or
+        the rows with new ids of a feature-row target) and leave out the ones that vanished
+        (:func:`eada.store.pool.scan_target`)."""
         return scan_target(self, progress)
 
     def pool_note(self) -> str | None:
