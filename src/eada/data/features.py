@@ -180,31 +180,74 @@ def _read_arrays(
 Normalize = Literal["none", "l2", "zscore", "l1_zscore"]
 
 
-def normalize_features(x: np.ndarray, how: Normalize) -> np.ndarray:
+def _l1_rows(x: np.ndarray) -> np.ndarray:
+    """Rows divided by their L1 norm, in ``x``'s memory layout. The norms are summed over a
+    C-ordered copy, so a row's result depends neither on the file's layout (MATLAB's
+    column-major arrays; a row-stacked copy) nor on the other rows."""
+    return x / np.maximum(np.abs(np.ascontiguousarray(x)).sum(axis=1, keepdims=True), 1e-12)
+
+
+def domain_statistics(x: np.ndarray, how: Normalize) -> dict[str, Any]:
+    """The per-domain statistics ``how`` normalises with: ``{"normalize": how, "mean": [...],
+    "std": [...]}`` (the column means and standard deviations of the ``zscore`` step, after
+    the L1 step for ``l1_zscore``, float32 values as JSON-ready floats) or just
+    ``{"normalize": how}`` for the row-wise ``l2`` and ``none``.
+
+    >>> domain_statistics(np.array([[1.0, 3.0], [3.0, 1.0]], dtype=np.float32), "zscore")
+    {'normalize': 'zscore', 'mean': [2.0, 2.0], 'std': [1.0, 1.0]}
+    """
+    if how not in ("zscore", "l1_zscore"):
+        return {"normalize": how}
+    if how == "l1_zscore":
+        x = _l1_rows(x)
+    return {"normalize": how, "mean": x.mean(axis=0).tolist(), "std": x.std(axis=0).tolist()}
+
+
+def normalize_features(
+    x: np.ndarray, how: Normalize, stats: dict[str, Any] | None = None
+) -> np.ndarray:
     """``l2``: each row divided by its L2 norm; ``zscore``: each column standardised with the
     domain's own mean and std (``(x - mu) / (sigma + 1e-8)``); ``l1_zscore``: rows divided by
     their sum, then ``zscore`` (the JDA code's preprocessing of the SURF features); ``none``:
     unchanged.
 
+    ``stats``: the statistics to standardise with instead of ``x``'s own
+    (:func:`domain_statistics` of the rows a domain was registered with): a project store
+    freezes its target's statistics, so rows added later never change the earlier ones.
+
     >>> normalize_features(np.array([[1.0, 3.0], [3.0, 1.0]]), "l1_zscore").round(6).tolist()
     [[-1.0, 1.0], [1.0, -1.0]]
+
+    Raises:
+        ValueError: ``stats`` were computed for another normalisation or another dimension.
     """
+    if how not in ("zscore", "l1_zscore"):
+        if how == "l2":
+            return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        return x
+    if stats is None:
+        stats = domain_statistics(x, how)
+    if stats.get("normalize") != how or len(stats.get("mean", ())) != x.shape[1]:
+        raise ValueError(
+            f"the frozen statistics are for normalize {stats.get('normalize')!r} on "
+            f"{len(stats.get('mean', ()))} columns, not {how!r} on {x.shape[1]}"
+        )
     if how == "l1_zscore":
-        x = x / np.maximum(np.abs(x).sum(axis=1, keepdims=True), 1e-12)
-        how = "zscore"
-    if how == "l2":
-        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    if how == "zscore":
-        return (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-8)
-    return x
+        x = _l1_rows(x)
+    mean = np.asarray(stats["mean"], dtype=x.dtype)
+    std = np.asarray(stats["std"], dtype=x.dtype)
+    return (x - mean) / (std + 1e-8)
 
 
 def feature_domains(
     parts: dict[str, tuple[np.ndarray, np.ndarray]],
     classes: Sequence[str] | None = None,
     normalize: Normalize = "none",
+    frozen: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, TensorDomain]:
     """``TensorDomain``s from raw ``{role: (features, raw labels)}``, ``role`` ``source`` first.
+    Each domain is normalised with its own statistics, or with ``frozen[role]``
+    (:func:`normalize_features`).
 
     Class ids = positions of the raw label values in the sorted distinct SOURCE labels;
     ``classes`` names them (default: the raw values as text).
@@ -230,7 +273,7 @@ def feature_domains(
                 f"{role} has label ids outside the class map {sorted(lookup)}: {unknown}"
             )
         ids = np.array([lookup[int(v)] for v in y], dtype=np.int64)
-        xn = normalize_features(x, normalize).astype(np.float32)
+        xn = normalize_features(x, normalize, (frozen or {}).get(role)).astype(np.float32)
         out[role] = TensorDomain(role, torch.from_numpy(xn), torch.from_numpy(ids), names)
     return out
 

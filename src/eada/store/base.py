@@ -15,6 +15,7 @@ from eada.data.tasks import Task
 from eada.store.config import StoreOptions, build_config
 from eada.store.data import load_project_data, row_hashes
 from eada.store.db import Store, StoreError, how
+from eada.store.targets import sample_info
 from eada.store.unlabeled import hide_guessed_accuracy
 from eada.train import ActiveDATrainer
 
@@ -40,8 +41,12 @@ class ProjectBase:
     def task(self) -> Task:
         """The project's domains, loaded once and checked against the registered hashes."""
         if self._task is None:
+            from eada.store.pool import registered_rows
+
             files = self.registered_pool()
-            task, paths, _ = load_project_data(self.cfg, self.target_labeled, target_files=files)
+            task, paths, _ = load_project_data(
+                self.cfg, self.target_labeled, target_files=files, target_rows=registered_rows(self)
+            )
             for role, dom in (("source", task.source), ("target", task.target)):
                 reg = self.store.samples(role)
                 if len(reg) != len(dom):
@@ -59,9 +64,12 @@ class ProjectBase:
                         r["id"] for r, h in zip(reg, hashes, strict=True) if r["content_hash"] != h
                     ]
                     if bad:
+                        ext = sample_info(self.store.conn).get(bad[0], (None, None))[0]
+                        named = f" (id {ext!r})" if ext is not None and role == "target" else ""
                         raise StoreError(
                             f"{len(bad)} {role} samples differ from what was registered "
-                            f"(first: sample {bad[0]}): the data changed since `eada init`"
+                            f"(first: sample {bad[0]}{named}): the data changed since "
+                            "`eada init`"
                         )
             self._task = task
         return self._task

@@ -11,7 +11,7 @@ eada train --store DIR [--epochs N | --partial] [--simulate]
 eada labelstudio connect --store DIR --url URL [--project ID]   a live Label Studio project
 eada labelstudio pull --store DIR [--force] | push --store DIR
 eada serve --store DIR [--host H] [--port P]  Label Studio ML backend (health/setup/predict/webhook)
-eada target scan --store DIR                   register new target files, leave out vanished ones
+eada target scan --store DIR                   register new target files/rows, leave out vanished
 eada status --store DIR [--json]
 eada export --store DIR --out DIR [--force]    labels (CSV) and the final model (weights + JSON)
 """
@@ -176,6 +176,17 @@ def _note_pool(proj: Any) -> None:
 def _cmd_target_scan(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.scan_target(progress=_log)
+    if out.get("unit") == "rows":
+        console.print(
+            f"target scan of {args.store}: {len(out['new'])} new row(s) registered, "
+            f"{len(out['returned'])} returned, {len(out['vanished'])} vanished (left out of the "
+            f"pool); the pool holds {out['n_target']} samples",
+            soft_wrap=True,
+        )
+        for k in out["vanished"]:
+            console.print(f"  vanished: {k}", soft_wrap=True, highlight=False)
+        _say_next(next_command(proj.next_action(), args.store, proj))
+        return 0
     console.print(
         f"target scan of {args.store}: {len(out['new'])} new file(s) registered, "
         f"{len(out['returned'])} returned, {len(out['vanished'])} vanished (left out of the "
@@ -530,7 +541,8 @@ def add_store_commands(sub: Any) -> None:
     tsub = tg.add_subparsers(dest="target_command", required=True)
     p = tsub.add_parser(
         "scan",
-        help="register new target files (features for the new ones only), leave out vanished",
+        help="register new target files (features for the new ones only) or feature rows with "
+        "new ids, leave out vanished ones",
     )
     store_arg(p)
     p.set_defaults(func=_cmd_target_scan)

@@ -108,19 +108,26 @@ def load_project_data(
     labeled: bool = True,
     progress: Any = None,
     target_files: list[Path] | None = None,
+    target_rows: Any = None,
 ) -> tuple[Task, dict[str, list[Path] | None], Any]:
     """The project's domains, every sample's file by role (image data) and the target's
     user ids/paths (:class:`~eada.store.targets.SampleInfo`). ``labeled=False``: the target
     carries no labels (see :mod:`eada.store.targets`). ``target_files``: an unlabeled image
-    target's files in this order (a store's registered pool) instead of its folder or list."""
-    task, paths, info = _load_project_data(cfg, labeled, progress, target_files)
+    target's files in this order (a store's registered pool) instead of its folder or list;
+    ``target_rows``: an unlabeled feature-row target's registered rows with their frozen
+    statistics (:class:`~eada.store.targets.TargetRows`) instead of the whole file."""
+    task, paths, info = _load_project_data(cfg, labeled, progress, target_files, target_rows)
     if not labeled:  # placeholder labels: no class is known to be missing
         task.notes["target_missing_classes"] = "unknown: the target is unlabeled"
     return task, paths, info
 
 
 def _load_project_data(
-    cfg: ExperimentConfig, labeled: bool, progress: Any, target_files: list[Path] | None
+    cfg: ExperimentConfig,
+    labeled: bool,
+    progress: Any,
+    target_files: list[Path] | None,
+    target_rows: Any = None,
 ) -> tuple[Task, dict[str, list[Path] | None], Any]:
     from eada.config import FeatureData, ImageListData
     from eada.store.targets import (
@@ -143,7 +150,7 @@ def _load_project_data(
     if isinstance(data, ImageListData):
         return load_store_images(data, cfg.model, labeled, cfg.device, progress, target_files)
     if isinstance(data, FeatureData):
-        task, info = load_store_features(data, labeled)
+        task, info = load_store_features(data, labeled, target_rows)
         return task, {"source": None, "target": None, "heldout": None}, info
     if not labeled:
         raise ValueError(f"data.kind {cfg.data.kind!r} has no unlabeled-target form")

@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from eada.config import ExperimentConfig
+from eada.config import ExperimentConfig, FeatureData
+from eada.data.features import domain_statistics
 from eada.store import labelstudio
 from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
@@ -47,7 +48,7 @@ from eada.store.labels import ImportValidationError
 from eada.store.pool import changes_note, scan_target
 from eada.store.roots import check_within_roots, label_studio_root
 from eada.store.rounds import ProjectRounds
-from eada.store.targets import record_sample_info
+from eada.store.targets import read_unlabeled_features, record_sample_info
 from eada.store.unlabeled import (
     accuracy_summary,
     audit_summary,
@@ -130,7 +131,21 @@ def init_project(
             rows,
         )
         record_sample_info(c, [r["id"] for r in store.samples("target")], info)
+        stats = target_statistics(cfg, labeled)
+        if stats is not None:  # frozen: rows a scan adds later never change these
+            store.set_meta("target_statistics", json.dumps(stats))
     return Project(folder, store=store, task=task)
+
+
+def target_statistics(cfg: ExperimentConfig, labeled: bool) -> dict[str, Any] | None:
+    """The normalisation statistics of an unlabeled feature-row target's rows
+    (:func:`eada.data.features.domain_statistics`), which a project store freezes at init;
+    ``None`` for any other target."""
+    data: Any = cfg.data
+    if labeled or not isinstance(data, FeatureData):
+        return None
+    x, _ = read_unlabeled_features(Path(data.target), data.features_key)
+    return domain_statistics(x, data.normalize)
 
 
 class Project(ProjectRounds):
@@ -311,8 +326,9 @@ class Project(ProjectRounds):
         return self.status()
 
     def scan_target(self, progress: Progress = None) -> dict[str, Any]:
-        """``eada target scan``: register the files added to an unlabeled image target and
-        leave out the ones that vanished (:func:`eada.store.pool.scan_target`)."""
+        """``eada target scan``: register the files added to an unlabeled image target (or
+        the rows with new ids of a feature-row target) and leave out the ones that vanished
+        (:func:`eada.store.pool.scan_target`)."""
         return scan_target(self, progress)
 
     def pool_note(self) -> str | None:

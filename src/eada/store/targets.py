@@ -300,12 +300,34 @@ def read_unlabeled_features(
                 raise ValueError(f"{path}: {len(x)} feature rows but {len(vals)} {key}")
             setattr(info, key, [v or None for v in vals])
     if info.ids and len(set(info.ids)) != len(info.ids):
-        raise ValueError(f"{path}: ids are not unique")
+        from collections import Counter
+
+        dup = [i for i, n in Counter(info.ids).items() if n > 1]
+        raise ValueError(
+            f"{path}: ids are not unique ({len(dup)} repeated, first: {dup[0]!r}); "
+            "every row needs its own id"
+        )
     return x, info
 
 
-def load_store_features(data: FeatureData, labeled: bool) -> tuple[Any, SampleInfo]:
-    """The domains of a feature-matrix project whose target may be unlabeled."""
+@dataclass
+class TargetRows:
+    """A feature-row target as a project store registered it: the raw rows of its registered
+    samples in position order (``x``), their ids/paths (``info``) and the frozen statistics
+    they are normalised with (:func:`eada.data.features.domain_statistics`), see
+    :mod:`eada.store.pool`."""
+
+    x: np.ndarray
+    info: SampleInfo
+    stats: dict[str, Any]
+
+
+def load_store_features(
+    data: FeatureData, labeled: bool, rows: TargetRows | None = None
+) -> tuple[Any, SampleInfo]:
+    """The domains of a feature-matrix project whose target may be unlabeled. ``rows``: an
+    unlabeled target's registered rows with their frozen statistics (a project store's pool,
+    see :mod:`eada.store.pool`) instead of the whole file with its own statistics."""
     from eada.data.features import feature_domains, read_feature_file
     from eada.data.image_tasks import load_feature_task
     from eada.data.tasks import Task
@@ -313,14 +335,18 @@ def load_store_features(data: FeatureData, labeled: bool) -> tuple[Any, SampleIn
     if labeled:
         return load_feature_task(data), SampleInfo()
     src = read_feature_file(data.source, data.source_labels, data.features_key, data.labels_key)
-    x_t, info = read_unlabeled_features(Path(data.target), data.features_key)
+    if rows is not None:
+        x_t, info = rows.x, rows.info
+    else:
+        x_t, info = read_unlabeled_features(Path(data.target), data.features_key)
     placeholder = np.full(len(x_t), src[1].min(), dtype=np.int64)  # class 0, never read
     parts = {"source": src, "target": (x_t, placeholder)}
     if data.heldout is not None:
         parts["heldout"] = read_feature_file(
             data.heldout, data.heldout_labels, data.features_key, data.labels_key
         )
-    doms = feature_domains(parts, data.classes, data.normalize)
+    frozen = {"target": rows.stats} if rows is not None else None
+    doms = feature_domains(parts, data.classes, data.normalize, frozen)
     doms["source"].name = data.source.stem
     doms["target"].name = data.target.stem
     if "heldout" in doms:
