@@ -189,8 +189,19 @@ def test_seg_records_without_inputs_or_a_newer_key(
     assert "reused 1 run" in capsys.readouterr().err
 
 
-def test_synthetic_pair_has_no_input_files() -> None:
+def test_synthetic_pair_has_no_input_files_and_a_weights_file_is_hashed(tmp_path: Path) -> None:
+    from eada.data.identity import file_digest
+    from eada.segmentation.config import SegModelConfig
+
     assert seg_data_inputs(load_seg_config(SYN).data) == {}
+    weights = tmp_path / "backbone.pt"
+    weights.write_bytes(b"not really a state_dict")
+    model = SegModelConfig(backbone="resnet50", weights=str(weights))
+    got = seg_data_inputs(load_seg_config(SYN).data, model)
+    assert got == {
+        "model.weights": {"path": str(weights.resolve()), "digest": file_digest(weights)}
+    }
+    assert seg_data_inputs(load_seg_config(SYN).data, SegModelConfig(weights="imagenet")) == {}
 
 
 # -- the drift warning -------------------------------------------------------------------------
