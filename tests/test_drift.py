@@ -384,7 +384,7 @@ def test_each_condition_is_needed() -> None:
 
 
 def _fires_from(n: int):
-    def fake(deltas, nlls, unit="epochs"):
+    def fake(deltas, nlls, unit="epochs", remedy=""):
         return f"drift after {len(deltas)} {unit}" if len(deltas) >= n else None
 
     return fake

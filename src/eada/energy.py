@@ -504,6 +504,13 @@ class AlignmentDriftWarning(RuntimeWarning):
     of the free energies. Issued by the trainer when :func:`alignment_drift` finds it."""
 
 
+#: what the drift message advises by default (the classification trainer's options)
+DRIFT_REMEDY = (
+    "The normalized alignment gives that direction no gradient; else lower train.gamma "
+    "(BENCHMARKS.md, 'The drift warning')."
+)
+
+
 def alignment_drift(
     deltas: list[float],
     source_nlls: list[float],
@@ -513,6 +520,7 @@ def alignment_drift(
     min_fall: float = 1.0,
     nll_fall: float = 0.3,
     unit: str = "epochs",
+    remedy: str = DRIFT_REMEDY,
 ) -> str | None:
     """Detect the slow drift of ``Delta`` that the source fit does not explain, from per-epoch
     means (the last ``window + 1`` entries are looked at).
@@ -538,6 +546,8 @@ def alignment_drift(
         min_fall: the least fall in nats.
         nll_fall: the source NLL's log ratio (start / end) below which it counts as flat.
         unit: what one entry covers, for the message.
+        remedy: the message's last sentence, what to do (the default names the classification
+            trainer's options).
 
     Returns:
         a message naming the values, or ``None`` when there is no drift.
@@ -572,8 +582,7 @@ def alignment_drift(
         f"({-100 * fall / abs(d[0]):.0f}%), while the source NLL went {n[0]:.3g} -> "
         f"{n[-1]:.3g}: the source fit no longer explains the fall, L_fea is moving the "
         "energies (a slow drift; on SURF it came with a 1-7 point fall of target accuracy "
-        "from its peak). The normalized alignment gives that direction no gradient; else lower "
-        "train.gamma (BENCHMARKS.md, 'The drift warning')."
+        f"from its peak). {remedy}"
     )
 
 

@@ -11,7 +11,6 @@ Layout of a multi-seed output folder::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from eada.data.identity import data_inputs
 from eada.data.tasks import Task, load_task
 from eada.distributed import broadcast_object, rank_world
 from eada.runs import (
+    START_AFRESH,
     OtherConfigError,
     append_jsonl,
     check_same_config,
@@ -32,6 +32,7 @@ from eada.runs import (
     run_meta,
     summarize,
     write_json,
+    write_json_if_changed,
 )
 from eada.threads import thread_record
 from eada.train import ActiveDATrainer
@@ -155,7 +156,7 @@ def run_seeds(
         try:
             check_same_config(records, first.resolved(), out_dir)
             inputs = data_inputs(first.data, first.model)  # the data's identity, hashed once
-            check_same_data(records, inputs, out_dir, _FRESH)
+            check_same_data(records, inputs, out_dir, START_AFRESH)
         except OtherConfigError as err:
             problem = str(err)
     problem = broadcast_object(problem)  # every rank stops together
@@ -200,17 +201,8 @@ def run_seeds(
         **summarize_runs(runs),
     }
     results = out_dir / "results.json"
-    if todo or not results.exists() or _read_json(results) != json.loads(json.dumps(summary)):
-        write_json(results, summary)  # (unchanged when every run was reused)
+    if todo:
+        write_json(results, summary)
+    else:
+        write_json_if_changed(results, summary)  # (unchanged when every run was reused)
     return summary
-
-
-#: how to start afresh where stored runs were made on other data
-_FRESH = "use another --out to start afresh (or remove that folder)"
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

@@ -131,6 +131,18 @@ def write_json(path: Path, obj: Any) -> Path:
     return write_bytes_atomic(path, (json.dumps(_clean(obj), indent=1) + "\n").encode())
 
 
+def write_json_if_changed(path: Path, obj: Any) -> bool:
+    """:func:`write_json` unless ``path`` already holds the same JSON (a summary of runs that
+    were all reused keeps its file untouched); returns whether it wrote."""
+    try:
+        same = json.loads(path.read_text()) == json.loads(json.dumps(_clean(obj)))
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        write_json(path, obj)
+    return not same
+
+
 def _exchange(a: Path, b: Path) -> bool:
     """Swap ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); ``False``
     where the system or file system cannot."""
@@ -456,6 +468,10 @@ def describe_reused(records: list[dict[str, Any]]) -> str:
     who = ", ".join(dict.fromkeys(commits))
     plural = "s" if len(set(commits)) > 1 else ""
     return f"reused {n} run{'s' if n != 1 else ''} made at {when} by commit{plural} {who}"
+
+
+#: how to start afresh where a run folder's stored runs cannot be reused
+START_AFRESH = "use another --out to start afresh (or remove that folder)"
 
 
 class OtherDataError(OtherConfigError):

@@ -6,7 +6,9 @@ data (:func:`eada.runs.input_differences`).
   bytes;
 - an image list: SHA-256 of the list's text plus each image's resolved path, size and
   modification time (an image folder: the same, over the images the scan finds); the images'
-  bytes are not read, so a large image folder costs one ``stat`` an image.
+  bytes are not read, so a large image folder costs one ``stat`` an image;
+- any other set of files a loader lists (the image/label pairs of a segmentation domain,
+  :func:`eada.segmentation.data.seg_data_inputs`): the same, through :func:`files_identity`.
 
 Digests are cached by ``(path, size, mtime)`` within the process, so a command that runs many
 configs over the same files hashes each file once.
@@ -15,6 +17,7 @@ configs over the same files hashes each file once.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,26 @@ def _stat_digest(h: Any, paths: list[Path]) -> None:
             h.update(f"{p}\tmissing\n".encode())
 
 
+def files_identity(
+    where: Path, files: Sequence[Path], text: bytes | None = None, **counts: int
+) -> dict[str, Any]:
+    """The identity of a set of files read from one place (a list file, a folder): the
+    place's absolute path, ``counts`` (e.g. ``images=120``) and a ``stat-sha256:`` digest of
+    ``text`` (a list's bytes, where there is one) plus every file's path, size and
+    modification time (``missing`` for one that is not there). The files' bytes are not
+    read, so a changed file is seen by its size or time, not its content.
+
+    >>> a = files_identity(Path("/d"), [Path("/d/none.png")], images=1)
+    >>> a["path"], a["images"], a["digest"].startswith("stat-sha256:")
+    ('/d', 1, True)
+    """
+    h = hashlib.sha256()
+    if text is not None:
+        h.update(text)
+    _stat_digest(h, list(files))
+    return {"path": str(where.resolve()), **counts, "digest": "stat-sha256:" + h.hexdigest()}
+
+
 def image_domain_digest(spec: Path, cfg: ImageListData) -> dict[str, Any]:
     """The identity of one image domain (a list file or a domain folder): its absolute path,
     the number of images and a digest of the list's text (a folder: of its listing) plus every
@@ -71,18 +94,16 @@ def image_domain_digest(spec: Path, cfg: ImageListData) -> dict[str, Any]:
     from eada.data.images import load_image_list
 
     images = load_image_list(spec, cfg.root, allow_outside=cfg.allow_outside_root)
-    h = hashlib.sha256()
-    if spec.is_file():
-        h.update(spec.read_bytes())
-    _stat_digest(h, images.paths)
-    return {
-        "path": str(spec.resolve()),
-        "images": len(images.paths),
-        "digest": "stat-sha256:" + h.hexdigest(),
-    }
+    text = spec.read_bytes() if spec.is_file() else None
+    return files_identity(spec, images.paths, text, images=len(images.paths))
 
 
-def _file_entry(path: Path) -> dict[str, Any]:
+def file_entry(path: Path) -> dict[str, Any]:
+    """``{"path", "digest"}`` of one input file: its absolute path and :func:`file_digest`.
+
+    Raises:
+        FileNotFoundError: naming the file.
+    """
     return {"path": str(path.resolve()), "digest": file_digest(path)}
 
 
@@ -100,7 +121,7 @@ def data_inputs(data: DataConfig, model: ModelConfig | None = None) -> dict[str,
             for suffix in ("", "_labels"):
                 p = getattr(data, role + suffix)
                 if p is not None:
-                    out[role + suffix] = _file_entry(Path(p))
+                    out[role + suffix] = file_entry(Path(p))
     elif isinstance(data, DigitsData):
         splits = {"source": data.source_split, "target": data.target_split}
         if data.heldout_split is not None:
@@ -108,17 +129,13 @@ def data_inputs(data: DataConfig, model: ModelConfig | None = None) -> dict[str,
         for role, split in splits.items():
             name = getattr(data, "target" if role == "heldout" else role)
             for rel in _DIGIT_FILES[name].get(split, []):
-                out[f"{role}:{rel}"] = _file_entry(Path(data.root) / rel)
+                out[f"{role}:{rel}"] = file_entry(Path(data.root) / rel)
             if name == "mnist_m":  # the image folder: size and time of each image
                 folder = Path(data.root) / "mnist_m" / "mnist_m_test"
-                h = hashlib.sha256()
                 files = sorted(folder.iterdir()) if folder.is_dir() else []
-                _stat_digest(h, files)
-                out[f"{role}:mnist_m/mnist_m_test"] = {
-                    "path": str(folder.resolve()),
-                    "images": len(files),
-                    "digest": "stat-sha256:" + h.hexdigest(),
-                }
+                out[f"{role}:mnist_m/mnist_m_test"] = files_identity(
+                    folder, files, images=len(files)
+                )
     elif isinstance(data, ImageListData):
         for role in ("source", "target", "heldout"):
             spec = getattr(data, role)
@@ -127,7 +144,7 @@ def data_inputs(data: DataConfig, model: ModelConfig | None = None) -> dict[str,
     if model is not None and model.name == "backbone" and model.weights:
         w = Path(model.weights)
         if not model.weights.startswith("pretrained") and model.weights != "none" and w.is_file():
-            out["model.weights"] = _file_entry(w)
+            out["model.weights"] = file_entry(w)
     return out
 
 
@@ -136,4 +153,11 @@ def clear_cache() -> None:
     _DIGESTS.clear()
 
 
-__all__ = ["clear_cache", "data_inputs", "file_digest", "image_domain_digest"]
+__all__ = [
+    "clear_cache",
+    "data_inputs",
+    "file_digest",
+    "file_entry",
+    "files_identity",
+    "image_domain_digest",
+]

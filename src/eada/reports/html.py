@@ -415,8 +415,34 @@ def _warnings_html(groups: list[RunGroup]) -> str:
     return '<h3>Training warnings</h3><ul class="warnings">' + "".join(rows) + "</ul>"
 
 
+def _segmentation_section(task: str, groups: list[RunGroup]) -> str:
+    """A segmentation task (records of :mod:`eada.segmentation.train`): validation mIoU after
+    each round and at the end, labeled images, mean ± std over seeds; the training warnings;
+    the resolved configs. The classification figures (accuracy, free energies, queried
+    samples) have no per-image counterpart recorded and are left out."""
+    rows = []
+    for g in groups:
+        runs = [r["results"] for r in g.runs]
+        for i in range(min(len(r["rounds"]) for r in runs)):
+            recs = [r["rounds"][i] for r in runs]
+            miou = [x["after_training"]["miou"] for x in recs if "after_training" in x]
+            stat = collect.mean_std(miou) if len(miou) == len(recs) else None
+            rows.append([g.label, str(i), str(recs[0]["n_labeled"]), _pm(stat)])
+        final = collect.mean_std([r["final"]["miou"] for r in runs])
+        rows.append([g.label, "final", str(len(runs[0]["labeled_indices"])), _pm(final)])
+    head = ["method", "round", "labeled images", "val mIoU % (mean ± std)"]
+    out = [f'<section class="task"><h2>{_e(task)}</h2>', "<h3>Strategies</h3>"]
+    out.append(_table(head, rows, "summary"))
+    out.append(_warnings_html(groups))
+    out.append(_configs_html(groups))
+    out.append("</section>")
+    return "".join(out)
+
+
 def _task_section(inp: ReportInput, task: str, figs: _Figures, data: _Data) -> str:
     groups = inp.by_task(task)
+    if all(g.config.get("task") == "segmentation" for g in groups):
+        return _segmentation_section(task, groups)
     out = [f'<section class="task"><h2>{_e(task)}</h2>']
     out.append("<h3>Strategies</h3>" + _summary_table(groups))
     out.append(_warnings_html(groups))
@@ -515,14 +541,18 @@ def _task_section(inp: ReportInput, task: str, figs: _Figures, data: _Data) -> s
     for g in groups:
         out.append(f"<h4>{_e(g.label)} — {len(g.runs)} seed(s) from {_e(g.path)}</h4>")
         out.append(_rounds_table(g))
-    out.append("<h3>Configs</h3>")
-    for g in groups:
-        out.append(
-            f"<details><summary>{_e(g.label)}</summary><pre>"
-            f"{_e(yaml.safe_dump(g.config, sort_keys=False))}</pre></details>"
-        )
+    out.append(_configs_html(groups))
     out.append("</section>")
     return "".join(out)
+
+
+def _configs_html(groups: list[RunGroup]) -> str:
+    """Each group's resolved config (YAML), folded."""
+    return "<h3>Configs</h3>" + "".join(
+        f"<details><summary>{_e(g.label)}</summary><pre>"
+        f"{_e(yaml.safe_dump(g.config, sort_keys=False))}</pre></details>"
+        for g in groups
+    )
 
 
 def _demo_html(inp: ReportInput) -> str:

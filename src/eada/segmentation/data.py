@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +29,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
-from eada.segmentation.config import GtavCityscapesData, SyntheticSegData
+from eada.data.identity import file_entry, files_identity
+from eada.segmentation.config import GtavCityscapesData, SegModelConfig, SyntheticSegData
 
 IGNORE_INDEX = 255
 
@@ -398,3 +400,36 @@ def load_seg_task(data: GtavCityscapesData | SyntheticSegData) -> SegTask:
     source.with_crop(data.source_crop)
     target.with_crop(data.target_crop)
     return SegTask(source=source, target=target, val=val, class_names=CITYSCAPES_CLASSES)
+
+
+def seg_data_inputs(
+    data: GtavCityscapesData | SyntheticSegData, model: SegModelConfig | None = None
+) -> dict[str, Any]:
+    """Every input file of a segmentation run (:mod:`eada.data.identity`, recorded in each run
+    record as ``inputs``): for GTAV -> Cityscapes, one entry a domain -- ``source`` (the GTAV
+    root), ``target`` (Cityscapes ``train``) and ``val`` (Cityscapes ``val``) -- with its
+    absolute root, its number of image/label pairs and a digest of every image's and label's
+    absolute path, size and modification time (:func:`eada.data.identity.files_identity`: a
+    file added, removed, rewritten or touched changes it); a local backbone weights file
+    (``model.weights``): SHA-256 of its bytes. The synthetic pair is drawn from its config and
+    has none.
+
+    Raises:
+        FileNotFoundError: a layout that is not there (naming the folder or the file).
+    """
+    out: dict[str, Any] = {}
+    if isinstance(data, GtavCityscapesData):
+        gtav, cs = Path(data.gtav_root).resolve(), Path(data.cityscapes_root).resolve()
+        domains = (
+            ("source", gtav, gtav_pairs(gtav)),
+            ("target", cs, cityscapes_pairs(cs, "train")),
+            ("val", cs, cityscapes_pairs(cs, "val")),
+        )
+        for role, root, pairs in domains:
+            files = [f for pair in pairs for f in pair]
+            out[role] = files_identity(root, files, pairs=len(pairs))
+    if model is not None and model.weights not in (None, "imagenet"):
+        weights = Path(str(model.weights))
+        if weights.is_file():  # a missing file is the model builder's error
+            out["model.weights"] = file_entry(weights)
+    return out

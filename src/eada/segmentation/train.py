@@ -17,6 +17,14 @@ After each iteration listed in ``active.rounds_at`` the model scores every unlab
 image (:func:`eada.segmentation.scoring.score_images`), the strategy picks whole images
 (:func:`eada.segmentation.scoring.select_images`), and their label maps join the labeled set.
 mIoU and per-class IoU on the validation split are recorded at every round and at the end.
+
+Every ``train.log_every`` iterations (and at each evaluation) the window's means of ``Delta``,
+``L_fea`` and the source NLL join ``results["history"]``, and the classification trainer's
+checks run on them, one log window standing for one epoch: the ``L_fea`` scale runaway
+(:func:`eada.energy.alignment_runaway`) and the slow drift of ``Delta``
+(:func:`eada.energy.alignment_drift`). Each warns at most once a run, naming the iteration and
+the numbers, and is kept in ``results["warnings"]`` (and so in the summary and the command's
+output).
 """
 
 from __future__ import annotations
@@ -37,13 +45,18 @@ from torch.utils.data import DataLoader, Subset
 
 from eada import energy as energy_ops
 from eada.runs import (
+    START_AFRESH,
     append_jsonl,
     check_same_config,
+    check_same_data,
     collect_warnings,
+    describe_reused,
     environment_info,
     read_jsonl,
+    run_meta,
     summarize,
     write_json,
+    write_json_if_changed,
 )
 from eada.segmentation.config import SegActiveConfig, SegExperimentConfig, SegOptimConfig
 from eada.segmentation.data import (
@@ -52,15 +65,23 @@ from eada.segmentation.data import (
     SegDataset,
     SegTask,
     load_seg_task,
+    seg_data_inputs,
 )
 from eada.segmentation.metrics import ConfusionMatrix
 from eada.segmentation.model import build_seg_model
 from eada.segmentation.scoring import flatten_pixels, score_images, select_images
 from eada.strategies import BudgetTooLargeError, stage_sizes
 from eada.train.loop import (
+    record_alignment_drift,
     record_alignment_runaway,
     report_alignment_runaway,
     resolve_device,
+)
+
+#: the drift warning's advice here (the classification default, ``normalized``, is not offered)
+DRIFT_REMEDY = (
+    "Segmentation has no normalized alignment: lower train.gamma (docs/segmentation.md, "
+    "'Training warnings')."
 )
 
 
@@ -390,7 +411,7 @@ class SegActiveTrainer:
         rounds_at = {p["iteration"]: p for p in self.plan}
         rounds: list[dict[str, Any]] = []
         history: list[dict[str, Any]] = []
-        found: list[dict[str, Any]] = []  # training warnings (the L_fea scale runaway)
+        found: list[dict[str, Any]] = []  # training warnings (the runaway, the slow drift)
         open_round: dict[str, Any] | None = None
         sums: dict[str, float] = {}
         n_sum = 0
@@ -429,17 +450,20 @@ class SegActiveTrainer:
                         rounds.append(rec)
                         open_round = rec
                 history.append(record)
-                warning = record_alignment_runaway(
-                    history, found, {"iteration": it}, unit="log windows"
-                )
+                # the classification checks on the log windows' means, each once a run
+                at, unit = {"iteration": it}, "log windows"
+                runaway = record_alignment_runaway(history, found, at, unit=unit)
+                drift = record_alignment_drift(history, found, at, unit=unit, remedy=DRIFT_REMEDY)
+                new = [("alignment_runaway", runaway), ("alignment_drift", drift)]
                 if progress is not None:
                     miou = f"{record['val']['miou']:.2f}" if "val" in record else "-"
                     progress(
                         f"iter {it}/{total} loss {record.get('loss', 0.0):.4f} "
                         f"val mIoU {miou} labeled {int(self.labeled.sum())}"
                     )
-                if warning is not None:
-                    report_alignment_runaway(warning, f"iteration {it}", progress)
+                for kind, message in new:
+                    if message is not None:
+                        report_alignment_runaway(message, f"iteration {it}", progress, kind)
         final = history[-1]["val"]
         return {
             "plan": self.plan,
@@ -495,7 +519,17 @@ def run_seg_seeds(
 ) -> dict[str, Any]:
     """Run every seed, appending each finished run to ``OUT/runs.jsonl`` (seeds already there
     are skipped, so an interrupted job resumes), and write ``config.json``, ``meta.json`` and the
-    summary ``results.json`` with :mod:`eada.runs`."""
+    summary ``results.json`` with :mod:`eada.runs`.
+
+    A stored run is reused only for the same resolved config (every key but the seed; a key
+    the record lacks is compared with the value the code ran before it existed, else refused:
+    :class:`~eada.runs.OtherConfigError`) and the same data (the digests of
+    :func:`eada.segmentation.data.seg_data_inputs`, else :class:`~eada.runs.OtherDataError`
+    naming each input that differs), both checked before any work. Each new record carries
+    its ``inputs`` and its own ``meta`` (commit, command, time); reused runs keep theirs,
+    ``progress`` is told "reused N runs made at ... by commit ...", and ``meta.json``,
+    ``config.json`` and ``results.json`` are rewritten only when something was trained (the
+    summary also when it is missing or differs)."""
     configs = {s: make_config(s) for s in seeds}
     threads = torch.get_num_threads()
     wanted = configs[seeds[0]].threads
@@ -515,19 +549,29 @@ def _run_seg_seeds(
 ) -> dict[str, Any]:
     log = out_dir / "runs.jsonl"
     records = read_jsonl(log)
-    check_same_config(records, configs[seeds[0]].resolved(), out_dir)  # never mix configs
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "config.json", configs[seeds[0]].resolved())
-    write_json(out_dir / "meta.json", environment_info())
+    first = configs[seeds[0]]
+    check_same_config(records, first.resolved(), out_dir)  # never mix configs
+    inputs = seg_data_inputs(first.data, first.model)  # the data's identity, taken once
+    check_same_data(records, inputs, out_dir, START_AFRESH)
     done = {r["seed"]: r for r in records}
+    todo = [s for s in seeds if s not in done]
+    reused = [done[s] for s in seeds if s in done]
+    if reused and progress:  # stored runs keep their own meta (commit, command, time)
+        progress(f"{describe_reused(reused)} ({log})")
+    meta: dict[str, Any] = {}
+    if todo:  # the folder's meta describes the last command that trained in it
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "config.json", first.resolved())
+        meta = environment_info()
+        write_json(out_dir / "meta.json", meta)
     task = None
-    for seed in seeds:
-        if seed in done:
-            continue
+    for seed in todo:
         if progress:
             progress(f"seed {seed}")
         task = task if task is not None else load_seg_task(configs[seed].data)
         run = run_seg_once(configs[seed], task, progress)
+        run["inputs"] = inputs
+        run["meta"] = run_meta(meta)
         append_jsonl(log, run)
         done[seed] = run
     runs = [done[s] for s in seeds]
@@ -537,5 +581,8 @@ def _run_seg_seeds(
         "strategy": configs[seeds[0]].active.strategy,
         **summarize_seg_runs(runs),
     }
-    write_json(out_dir / "results.json", summary)
+    if todo:
+        write_json(out_dir / "results.json", summary)
+    else:
+        write_json_if_changed(out_dir / "results.json", summary)  # every run was reused
     return summary

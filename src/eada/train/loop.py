@@ -311,17 +311,19 @@ def record_alignment_drift(
     found: list[dict[str, Any]],
     at: dict[str, int],
     unit: str = "epochs",
+    remedy: str = energy_ops.DRIFT_REMEDY,
 ) -> str | None:
     """Look for the slow drift of ``Delta`` (:func:`eada.energy.alignment_drift`) in a
     trainer's log (records with ``delta``, ``loss_align`` and ``loss_source`` means; records
     without ``loss_align`` or ``loss_source``, e.g. from an older checkpoint, are skipped). On
     the first find, append ``{"kind": "alignment_drift", **at, "message": ...}`` to ``found``
-    and return the message; ``None`` otherwise, or when ``found`` already has one."""
+    and return the message; ``None`` otherwise, or when ``found`` already has one. ``remedy``:
+    the message's advice (another trainer names its own options)."""
     if any(w["kind"] == "alignment_drift" for w in found):
         return None
     hist = [h for h in log if "loss_align" in h and "loss_source" in h]
     message = energy_ops.alignment_drift(
-        [h["delta"] for h in hist], [h["loss_source"] for h in hist], unit=unit
+        [h["delta"] for h in hist], [h["loss_source"] for h in hist], unit=unit, remedy=remedy
     )
     if message is not None:
         found.append({"kind": "alignment_drift", **at, "message": message})
