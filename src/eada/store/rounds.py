@@ -109,10 +109,9 @@ class ProjectRounds(ProjectLabels):
             for j, pos in enumerate(pool)
         ]
         info = dict(prop.selection.info)
-        info["near_duplicates"] = near_duplicates(
+        info["near_duplicates"], info["near_duplicate_threshold"] = near_duplicates(
             trainer, prop.chosen, target_ids, self.options.near_duplicate_threshold
         )
-        info["near_duplicate_threshold"] = self.options.near_duplicate_threshold
 
         def changed() -> str | None:
             ck_now = self.store.latest_checkpoint()
@@ -412,20 +411,29 @@ class ProjectRounds(ProjectLabels):
         return {k: str(v) for k, v in files.items()}
 
 
+# store.near_duplicate_threshold's defaults by what the features are (benchmarks/near_duplicates.py)
+NEAR_DUPLICATE_DEFAULTS = {"features": 0.94, "images": 0.999}
+
+
 def near_duplicates(
-    trainer: Any, chosen: torch.Tensor, target_ids: list[int], threshold: float
-) -> list[dict[str, Any]]:
+    trainer: Any, chosen: torch.Tensor, target_ids: list[int], threshold: float | None
+) -> tuple[list[dict[str, Any]], float]:
     """The near-duplicates of a round: every selected sample whose features have a cosine
-    similarity >= ``threshold`` with a sample ranked before it, as ``{"sample_id", "of"
-    (the most similar earlier-ranked sample), "cosine"}``. Features: the target domain's rows
-    when it holds them in memory (a frozen backbone's features, feature rows, decoded
-    images), else the model's embeddings. Flags only: nothing is removed."""
+    similarity >= the threshold with a sample ranked before it, as ``{"sample_id", "of"
+    (the most similar earlier-ranked sample), "cosine"}``, and the threshold used. Features:
+    the target domain's rows when it holds them in memory (a frozen backbone's features,
+    feature rows, decoded images), else the model's embeddings. ``threshold`` ``None``: by
+    what they are (:data:`NEAR_DUPLICATE_DEFAULTS`): ``features`` for feature rows,
+    ``images`` for decoded images and embeddings. Flags only: nothing is removed."""
     from eada.data.base import TensorDomain
     from eada.train.evaluate import embed_samples
 
-    if len(chosen) < 2:
-        return []
     dom = trainer.task.target
+    rows = isinstance(dom, TensorDomain) and dom.x.dim() == 2
+    if threshold is None:
+        threshold = NEAR_DUPLICATE_DEFAULTS["features" if rows else "images"]
+    if len(chosen) < 2:
+        return [], threshold
     if isinstance(dom, TensorDomain):
         x = dom.x[chosen].reshape(len(chosen), -1).float()
     else:
@@ -447,7 +455,7 @@ def near_duplicates(
                     "cosine": round(float(sim[j, k]), 4),
                 }
             )
-    return out
+    return out, threshold
 
 
 def _plain(value: Any) -> Any:
