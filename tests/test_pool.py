@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from eada.cli import main
@@ -339,6 +340,31 @@ def test_near_duplicates_are_flagged_in_export_status_and_report(tmp_path: Path)
     assert "near-duplicates" in html
     for d in dups:
         assert f"{d['sample_id']}~{d['of']}" in html
+
+
+def test_near_duplicate_threshold_defaults_by_feature_kind() -> None:
+    """Without ``store.near_duplicate_threshold``, feature rows are flagged from a cosine of
+    0.94 and decoded images from 0.999 (the defaults ``benchmarks/near_duplicates.py``
+    measured): a pair at cosine 0.970 is flagged among feature rows, not among images; a
+    threshold that is set applies to both, and the one used is returned."""
+    from types import SimpleNamespace
+
+    from eada.data.base import TensorDomain
+    from eada.store.rounds import near_duplicates
+
+    rows = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 0.25, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]])
+    ids, chosen = [10, 11, 12], torch.tensor([0, 1, 2])
+    y = torch.zeros(3, dtype=torch.long)
+
+    def flags(x: torch.Tensor, threshold: float | None) -> tuple[list, float]:
+        trainer = SimpleNamespace(task=SimpleNamespace(target=TensorDomain("t", x, y, ["a"])))
+        return near_duplicates(trainer, chosen, ids, threshold)
+
+    assert flags(rows, None) == ([{"sample_id": 11, "of": 10, "cosine": 0.9701}], 0.94)
+    images = rows.reshape(3, 1, 2, 2)
+    assert flags(images, None) == ([], 0.999)
+    assert flags(images, 0.95) == ([{"sample_id": 11, "of": 10, "cosine": 0.9701}], 0.95)
+    assert flags(rows, 0.98) == ([], 0.98)
 
 
 def test_papercuts_version_store_default_and_python_wording(

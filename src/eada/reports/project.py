@@ -189,11 +189,16 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
     head.append("near-duplicates**")
     parts.append(_table(head, rounds) if rounds else "<p>No round queried yet.</p>")
     parts.append(f'<p class="note">* queried accuracy: {_e(QUERIED_NOTE)}</p>')
-    thr = project.options.near_duplicate_threshold
+    used = sorted(
+        {json.loads(r["info"]).get("near_duplicate_threshold") for r in project.store.rounds()}
+        - {None}
+    )
+    thr = " or ".join(map(str, used)) or "the threshold"
     parts.append(
         '<p class="note">** near-duplicates: sample A~B when A\'s features have a cosine '
-        f"similarity of at least {thr} (<code>store.near_duplicate_threshold</code>) with B, "
-        "selected before it in the same round; flagged, never removed.</p>"
+        f"similarity of at least {thr} (<code>store.near_duplicate_threshold</code>; by default "
+        "0.94 on feature rows, 0.999 on decoded images) with B, selected before it in the "
+        "same round; flagged, never removed.</p>"
     )
     if any(r["strategy"] == "audit" for r in st["rounds"]):
         parts.append(

@@ -76,10 +76,19 @@ class StoreOptions(BaseModel):
             ``refuse`` (default: the import names both annotators and labels, exits 2 and
             changes nothing unless ``--force``) or ``newest-wins`` (it replaces it; the
             history keeps both).
-        near_duplicate_threshold: two samples of one round whose features (the target
-            domain's rows: a frozen backbone's features, feature rows, decoded pixels; the
-            model's embeddings for images read from disk) have a cosine similarity at or above
-            this are flagged as near-duplicates in the export and the report (never removed).
+        near_duplicate_threshold: two samples of one round whose features have a cosine
+            similarity at or above this are flagged as near-duplicates in the export and the
+            report (never removed). Default (``None``): by what the features are, from
+            ``benchmarks/near_duplicates.py`` (BENCHMARKS.md, "Near-duplicate threshold"):
+            0.94 on feature rows (a frozen backbone's features, feature files): on frozen
+            EfficientNet-Lite0 features of the Office-31 webcam images it flags 28 pairs,
+            16 of the 33 pixel-near-identical ones (precision 0.57, recall 0.48 against that
+            rule) and 12 more that are the same object in the same view by eye; 0.999 on
+            decoded images (a from-scratch image model: its pixel rows; images read from
+            disk: the model's embeddings), where no threshold separates a rescanned digit from
+            two distinct ones (USPS: at 0.95 the stored pixels flag 4.6 pairs of distinct
+            digits per round of 30, the LeNet embeddings 14-17), so only (nearly) identical
+            copies are flagged.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -87,7 +96,7 @@ class StoreOptions(BaseModel):
     target: Literal["auto", "labeled", "unlabeled"] = "auto"
     label_studio_root: Path | None = None
     conflicts: Literal["refuse", "newest-wins"] = "refuse"
-    near_duplicate_threshold: float = Field(0.95, gt=0.0, le=1.0)
+    near_duplicate_threshold: float | None = Field(None, gt=0.0, le=1.0)
 
     @field_validator("label_studio_root")
     @classmethod

@@ -4,6 +4,7 @@ its checkpoint in one transaction, export the batch (CSV, JSON, Label Studio).""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -108,59 +109,39 @@ class ProjectRounds(ProjectLabels):
             for j, pos in enumerate(pool)
         ]
         info = dict(prop.selection.info)
-        info["near_duplicates"] = near_duplicates(
+        info["near_duplicates"], info["near_duplicate_threshold"] = near_duplicates(
             trainer, prop.chosen, target_ids, self.options.near_duplicate_threshold
         )
-        info["near_duplicate_threshold"] = self.options.near_duplicate_threshold
-        rel, sha = self._write_checkpoint(trainer.state_dict(), "query", epoch)
-        with self._unused_if_failed(rel), self.store.transaction() as c:
-            # the round number and what it was scored from are checked in the writing
-            # transaction: a concurrent `eada query` or `eada train` that committed meanwhile
-            # wins, this one records nothing (and its checkpoint file is deleted)
+
+        def changed() -> str | None:
             ck_now = self.store.latest_checkpoint()
             if (
-                len(self.store.rounds()) != n_all
-                or (None if ck_now is None else ck_now["id"]) != (None if ck is None else ck["id"])
-                or self._n_label_rows() != n_label_rows
+                len(self.store.rounds()) == n_all
+                and (None if ck_now is None else ck_now["id"]) == (None if ck is None else ck["id"])
+                and self._n_label_rows() == n_label_rows
             ):
-                raise StoreError(
-                    f"another process changed the project while this query scored (now: "
-                    f"{len(self.store.rounds())} round(s), {self._n_label_rows()} label rows, "
-                    f"latest checkpoint {None if ck_now is None else ck_now['path']}); "
-                    "nothing was recorded: "
-                    f"see {how('eada status', 'project.status()')}, then run "
-                    f"{how('eada query', 'project.query()')} again if a round is still due"
-                )
-            self._set_mode(mode)
-            ck_id = self._record_checkpoint(
-                c,
-                rel,
-                sha,
-                "query",
-                epoch,
-                (epoch, epoch),
-                int(trainer.labeled_mask.sum()),
-                None,
+                return None
+            return (
+                f"another process changed the project while this query scored (now: "
+                f"{len(self.store.rounds())} round(s), {self._n_label_rows()} label rows, "
+                f"latest checkpoint {None if ck_now is None else ck_now['path']}); "
+                "nothing was recorded: "
+                f"see {how('eada status', 'project.status()')}, then run "
+                f"{how('eada query', 'project.query()')} again if a round is still due"
             )
-            cur = c.execute(
-                "INSERT INTO rounds (number, strategy, epoch, budget, config, info, "
-                "checkpoint_id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    n_all + 1,
-                    self.cfg.active.strategy,
-                    epoch,
-                    budget,
-                    json.dumps(self.cfg.active.model_dump(mode="json")),
-                    json.dumps(info, default=_plain),
-                    ck_id,
-                    now(),
-                ),
-            )
-            c.executemany(
-                "INSERT INTO round_samples (round_id, sample_id, rank, scores) VALUES (?, ?, ?, ?)",
-                [(cur.lastrowid, *row) for row in rows],
-            )
-            crash_point("query:before_commit")
+
+        self._record_round(
+            trainer,
+            epoch,
+            int(trainer.labeled_mask.sum()),
+            (n_all + 1, self.cfg.active.strategy, budget),
+            json.dumps(self.cfg.active.model_dump(mode="json")),
+            json.dumps(info, default=_plain),
+            rows,
+            changed,
+            mode,
+            "query:before_commit",
+        )
         files = self.export_round(n_all + 1) if export else {}
         pushed_error = self._push_to_label_studio()
         return {
@@ -263,38 +244,29 @@ class ProjectRounds(ProjectLabels):
             for k, pos in enumerate(chosen.tolist())
         ]
         n_trained = int(trainer.labeled_mask.sum())
-        rel, sha = self._write_checkpoint(trainer.state_dict(), "query", epoch)
         info = {"pool": len(pool), "epoch": epoch, "n_labeled_trained": n_trained}
-        with self._unused_if_failed(rel), self.store.transaction() as c:
-            if len(self.store.rounds()) != n_all or self._n_label_rows() != n_label_rows:
-                raise StoreError(
-                    "another process changed the project while this audit was drawn; nothing "
-                    "was recorded: see "
-                    + how(f"eada status --store {self.folder}", "project.status()")
-                    + " and draw it again"
-                )
-            self._set_mode("human")
-            ck_id = self._record_checkpoint(
-                c, rel, sha, "query", epoch, (epoch, epoch), n_trained, None
+
+        def changed() -> str | None:
+            if len(self.store.rounds()) == n_all and self._n_label_rows() == n_label_rows:
+                return None
+            return (
+                "another process changed the project while this audit was drawn; nothing "
+                "was recorded: see "
+                + how(f"eada status --store {self.folder}", "project.status()")
+                + " and draw it again"
             )
-            cur = c.execute(
-                "INSERT INTO rounds (number, strategy, epoch, budget, config, info, "
-                "checkpoint_id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    n_all + 1,
-                    AUDIT,
-                    epoch,
-                    n,
-                    json.dumps({"audit": n}),
-                    json.dumps(info),
-                    ck_id,
-                    now(),
-                ),
-            )
-            c.executemany(
-                "INSERT INTO round_samples (round_id, sample_id, rank, scores) VALUES (?, ?, ?, ?)",
-                [(cur.lastrowid, *row) for row in rows],
-            )
+
+        self._record_round(
+            trainer,
+            epoch,
+            n_trained,
+            (n_all + 1, AUDIT, n),
+            json.dumps({"audit": n}),
+            json.dumps(info),
+            rows,
+            changed,
+            "human",
+        )
         files = self.export_round(n_all + 1) if export else {}
         pushed_error = self._push_to_label_studio()
         return {
@@ -307,6 +279,50 @@ class ProjectRounds(ProjectLabels):
             "pool": len(pool),
             "epoch": epoch,
         }
+
+    def _record_round(
+        self,
+        trainer: ActiveDATrainer,
+        epoch: int,
+        n_trained: int,
+        head: tuple[int, str, int],
+        config: str,
+        info: str,
+        rows: Sequence[tuple[int, int | None, str]],
+        changed: Callable[[], str | None],
+        mode: str,
+        crash: str | None = None,
+    ) -> None:
+        """Record a round: write ``trainer``'s state as a ``query`` checkpoint, then in one
+        transaction the checkpoint, the round (``head`` = number, strategy, budget; its
+        ``config`` and ``info`` JSON) and its ``rows`` (sample id, rank, scores JSON).
+
+        ``changed()`` runs inside that writing transaction and returns a message when
+        another process changed what the round was scored from: a concurrent ``eada query``
+        or ``eada train`` that committed meanwhile wins, this one records nothing (a
+        :class:`StoreError` with that message; the checkpoint file is deleted).
+        ``crash``: the fault-injection point just before the commit, if any."""
+        rel, sha = self._write_checkpoint(trainer.state_dict(), "query", epoch)
+        with self._unused_if_failed(rel), self.store.transaction() as c:
+            why = changed()
+            if why is not None:
+                raise StoreError(why)
+            self._set_mode(mode)
+            ck_id = self._record_checkpoint(
+                c, rel, sha, "query", epoch, (epoch, epoch), n_trained, None
+            )
+            number, strategy, budget = head
+            cur = c.execute(
+                "INSERT INTO rounds (number, strategy, epoch, budget, config, info, "
+                "checkpoint_id, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (number, strategy, epoch, budget, config, info, ck_id, now()),
+            )
+            c.executemany(
+                "INSERT INTO round_samples (round_id, sample_id, rank, scores) VALUES (?, ?, ?, ?)",
+                [(cur.lastrowid, *row) for row in rows],
+            )
+            if crash is not None:
+                crash_point(crash)
 
     def _push_to_label_studio(self) -> str | None:
         """Push the rounds not pushed yet to the connected Label Studio project, if any;
@@ -395,20 +411,29 @@ class ProjectRounds(ProjectLabels):
         return {k: str(v) for k, v in files.items()}
 
 
+# store.near_duplicate_threshold's defaults by what the features are (benchmarks/near_duplicates.py)
+NEAR_DUPLICATE_DEFAULTS = {"features": 0.94, "images": 0.999}
+
+
 def near_duplicates(
-    trainer: Any, chosen: torch.Tensor, target_ids: list[int], threshold: float
-) -> list[dict[str, Any]]:
+    trainer: Any, chosen: torch.Tensor, target_ids: list[int], threshold: float | None
+) -> tuple[list[dict[str, Any]], float]:
     """The near-duplicates of a round: every selected sample whose features have a cosine
-    similarity >= ``threshold`` with a sample ranked before it, as ``{"sample_id", "of"
-    (the most similar earlier-ranked sample), "cosine"}``. Features: the target domain's rows
-    when it holds them in memory (a frozen backbone's features, feature rows, decoded
-    images), else the model's embeddings. Flags only: nothing is removed."""
+    similarity >= the threshold with a sample ranked before it, as ``{"sample_id", "of"
+    (the most similar earlier-ranked sample), "cosine"}``, and the threshold used. Features:
+    the target domain's rows when it holds them in memory (a frozen backbone's features,
+    feature rows, decoded images), else the model's embeddings. ``threshold`` ``None``: by
+    what they are (:data:`NEAR_DUPLICATE_DEFAULTS`): ``features`` for feature rows,
+    ``images`` for decoded images and embeddings. Flags only: nothing is removed."""
     from eada.data.base import TensorDomain
     from eada.train.evaluate import embed_samples
 
-    if len(chosen) < 2:
-        return []
     dom = trainer.task.target
+    rows = isinstance(dom, TensorDomain) and dom.x.dim() == 2
+    if threshold is None:
+        threshold = NEAR_DUPLICATE_DEFAULTS["features" if rows else "images"]
+    if len(chosen) < 2:
+        return [], threshold
     if isinstance(dom, TensorDomain):
         x = dom.x[chosen].reshape(len(chosen), -1).float()
     else:
@@ -430,7 +455,7 @@ def near_duplicates(
                     "cosine": round(float(sim[j, k]), 4),
                 }
             )
-    return out
+    return out, threshold
 
 
 def _plain(value: Any) -> Any:
