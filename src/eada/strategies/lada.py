@@ -27,9 +27,10 @@ The neighbours (``active.params.knn``, :func:`knn_neighbours`):
   neighbours and picks. Each sample's own row is dropped from its ``K + 1`` results (the last
   one where the search missed it). Its recall against the exact search and its time are
   measured in BENCHMARKS.md ("LAS's neighbour search").
-* ``auto`` (default): ``exact`` below :data:`EXACT_BELOW` = 20,000 samples (under ~10 CPU s at one thread,
-  and the authors' neighbours exactly), ``faiss`` from there on; ``exact`` with a one-line
-  note where faiss is not installed (``pip install 'eada[fast]'``, package ``faiss-cpu``).
+* ``auto`` (default): ``exact`` below :data:`EXACT_BELOW` = 20,000 samples (there it takes
+  under ~10 CPU s at one thread, and gives the authors' neighbours exactly), ``faiss`` from
+  there on; ``exact`` with a one-line note where faiss is not installed
+  (``pip install 'eada[fast]'``, package ``faiss-cpu``).
 
 Which search ran is in the selection's ``info["knn"]``. k-means is scikit-learn's, as in the
 authors' code.
