@@ -10,7 +10,12 @@ For each index: build time (train + add), search time for all ``N`` rows (CPU se
 ``time.process_time``; wall in the JSON), and recall@10 = the share of the exact neighbours found.
 
     python benchmarks/knn_choice.py [--sizes 10000,55388,110776] [--queries 2000]
-           [--out benchmarks/results/knn_choice.json]
+           [--pool synthetic|mnist] [--out benchmarks/results/knn_choice.json]
+
+``--pool mnist``: real images instead, the 10,000 MNIST test digits (784 raw pixels each, from
+``../shared/data/digits/mnist``; ``--sizes`` at most 10,000), a pool of low intrinsic dimension
+where the synthetic one (isotropic noise in 256 dimensions around 12 centres) is the hard case
+for any approximate index: there every sample's neighbours are nearly as far as the rest.
 
 The Markdown table goes to stdout (pasted into BENCHMARKS.md).
 """
@@ -59,16 +64,31 @@ def build(kind: str, settings: tuple[int, ...], z: np.ndarray) -> Any:
     return ivf
 
 
-def measure(n: int, queries: int) -> list[dict[str, Any]]:
+def embeddings(pool: str, n: int) -> np.ndarray:
+    """``n`` rows of the synthetic pool or of MNIST's test digits."""
+    if pool == "mnist":
+        from eada.data.digits import read_mnist_idx
+
+        folder = Path("../shared/data/digits/mnist")  # run from the repository root
+        x, _ = read_mnist_idx(
+            folder / "t10k-images-idx3-ubyte.gz", folder / "t10k-labels-idx1-ubyte.gz"
+        )
+        if n > len(x):
+            raise ValueError(f"--pool mnist has {len(x)} samples, not {n}")
+        return x[:n].reshape(n, -1).astype(np.float32)
+    from query_time import make_pool  # type: ignore[import-not-found]
+
+    return np.asarray(make_pool(n).embeddings, np.float32)
+
+
+def measure(n: int, queries: int, pool: str = "synthetic") -> list[dict[str, Any]]:
     """Every candidate at pool size ``n``."""
     import faiss
     import torch
 
-    from query_time import make_pool  # type: ignore[import-not-found]
-
     faiss.omp_set_num_threads(1)
     torch.set_num_threads(1)
-    z = np.asarray(make_pool(n).embeddings, np.float32)
+    z = embeddings(pool, n)
     zn = np.ascontiguousarray(z / np.linalg.norm(z, axis=1, keepdims=True))
     rows = np.sort(np.random.default_rng(1).choice(n, size=min(queries, n), replace=False))
     sims = torch.from_numpy(zn[rows]) @ torch.from_numpy(zn).T
@@ -90,6 +110,7 @@ def measure(n: int, queries: int) -> list[dict[str, Any]]:
             )
         )
         rec = {
+            "pool": pool,
             "n": n,
             "index": name,
             "build_cpu_s": c1 - c0,
@@ -111,11 +132,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10000,55388,110776")
     ap.add_argument("--queries", type=int, default=2000)
+    ap.add_argument("--pool", choices=("synthetic", "mnist"), default="synthetic")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/knn_choice.json"))
     args = ap.parse_args()
     results = []
     for n in (int(s) for s in args.sizes.split(",")):
-        results += measure(n, args.queries)
+        results += measure(n, args.queries, args.pool)
     args.out.write_text(json.dumps({"k": K, "threads": 1, "results": results}, indent=1) + "\n")
     sizes = sorted({r["n"] for r in results})
     print("\n| index | " + " | ".join(f"N={n:,} CPU s (recall@10)" for n in sizes) + " |")
