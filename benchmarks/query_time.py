@@ -30,7 +30,7 @@ the blockwise single pass of :class:`eada.strategies.PoolOutputs`.
 DUC (``duc``) reads the ``(N, C)`` energies (its Dirichlet ``alpha = exp(-E)``); LAS reads the
 energies and the embeddings, finds each sample's 10 nearest cosine neighbours, then runs
 scikit-learn's k-means on ``budget x 11`` candidates. ``las`` is its default neighbour search
-(``knn: auto``: exact below 20,000 samples, faiss HNSW from there on); ``las_exact`` the exact
+(``knn: auto``: exact below 50,000 samples, faiss HNSW from there on); ``las_exact`` the exact
 search (a block of rows against all rows at a time in torch, no ``N x N`` matrix, O(N^2) time)
 and ``las_faiss`` faiss's HNSW index (about O(N log N)), whatever N.
 

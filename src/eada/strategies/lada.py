@@ -27,10 +27,12 @@ The neighbours (``active.params.knn``, :func:`knn_neighbours`):
   neighbours and picks. Each sample's own row is dropped from its ``K + 1`` results (the last
   one where the search missed it). Its recall against the exact search and its time are
   measured in BENCHMARKS.md ("LAS's neighbour search").
-* ``auto`` (default): ``exact`` below :data:`EXACT_BELOW` = 20,000 samples (there it takes
-  under ~10 CPU s at one thread, and gives the authors' neighbours exactly), ``faiss`` from
+* ``auto`` (default): ``exact`` below :data:`EXACT_BELOW` = 50,000 samples, ``faiss`` from
   there on; ``exact`` with a one-line note where faiss is not installed
-  (``pip install 'eada[fast]'``, package ``faiss-cpu``).
+  (``pip install 'eada[fast]'``, package ``faiss-cpu``). The threshold is about where the two
+  cost the same at one thread (BENCHMARKS.md, "LAS's neighbour search"): below it the exact
+  search is as fast (BLAS matrix products) and gives the authors' neighbours exactly; above
+  it its ``N^2`` grows away from HNSW's ``N log N``.
 
 Which search ran is in the selection's ``info["knn"]``. k-means is scikit-learn's, as in the
 authors' code.
@@ -55,7 +57,7 @@ from eada.strategies.base import PoolOutputs, Selection, check_request, register
 
 _BLOCK_ELEMENTS = 1 << 22
 
-EXACT_BELOW = 20_000
+EXACT_BELOW = 50_000
 """``knn: auto`` searches exactly below this many samples, with faiss's HNSW from there on."""
 
 KNN_METHODS = ("auto", "exact", "faiss")
@@ -356,7 +358,7 @@ def las_select(
         prop_iter: ``LADA.S_PROP_ITER`` (default 1).
         prop_coef: ``LADA.S_PROP_COEF`` (default 1.0).
         knn: the neighbour search: ``auto`` (default; exact below :data:`EXACT_BELOW` =
-            20,000 samples, faiss HNSW from there on), ``exact`` or ``faiss`` (module
+            50,000 samples, faiss HNSW from there on), ``exact`` or ``faiss`` (module
             docstring); ``info["knn"]`` says which ran.
 
     Example:
