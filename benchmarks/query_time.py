@@ -27,10 +27,12 @@ must pay; ``eada_whole_matrix``, EADA from energies the former way (F and U each
 the whole matrix at once, after an ``isfinite`` check of the whole matrix), side by side with
 the blockwise single pass of :class:`eada.strategies.PoolOutputs`.
 
-DUC (``duc``) reads the ``(N, C)`` energies (its Dirichlet ``alpha = exp(-E)``); LAS (``las``)
-reads the energies and the embeddings and finds each sample's 10 nearest neighbours by an exact
-cosine search, a block of rows against all rows at a time in torch (no ``N x N`` matrix), then
-runs scikit-learn's k-means on ``budget x 11`` candidates.
+DUC (``duc``) reads the ``(N, C)`` energies (its Dirichlet ``alpha = exp(-E)``); LAS reads the
+energies and the embeddings, finds each sample's 10 nearest cosine neighbours, then runs
+scikit-learn's k-means on ``budget x 11`` candidates. ``las`` is its default neighbour search
+(``knn: auto``: exact below 50,000 samples, faiss HNSW from there on); ``las_exact`` the exact
+search (a block of rows against all rows at a time in torch, no ``N x N`` matrix, O(N^2) time)
+and ``las_faiss`` faiss's HNSW index (about O(N log N)), whatever N.
 
 The Markdown table goes to stdout (pasted into BENCHMARKS.md).
 """
@@ -38,6 +40,7 @@ The Markdown table goes to stdout (pasted into BENCHMARKS.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -67,7 +70,11 @@ STRATEGIES = (
     "dbal",
     "duc",
     "las",
+    "las_exact",
+    "las_faiss",
 )
+# LAS with its neighbour search named (``active.params.knn``); ``las`` is its default, ``auto``
+LAS_SEARCH = {"las_exact": "exact", "las_faiss": "faiss"}
 
 
 def make_pool(n: int, seed: int = 0) -> Any:
@@ -126,6 +133,7 @@ def _measure_child(strategy: str, pool: Any, n: int, queue: Any) -> None:
     torch.set_num_threads(THREADS)
     budget = math.ceil(0.01 * n)
     name = "eada" if strategy == "eada_from_energies" else strategy
+    name = "las" if strategy in LAS_SEARCH else name
 
     def make_input() -> PoolOutputs:
         if strategy in ("eada_from_energies", "eada_whole_matrix"):  # F, U inside the call
@@ -149,6 +157,8 @@ def _measure_child(strategy: str, pool: Any, n: int, queue: Any) -> None:
             low = inp.energies.min(axis=1)
             return type("Sel", (), {"indices": np.argpartition(low, budget)[:budget]})()
 
+    elif strategy in LAS_SEARCH:
+        fn = functools.partial(get_strategy("las").fn, knn=LAS_SEARCH[strategy])
     else:
         fn = get_strategy(name).fn
     base_rss = _rss_mb()
@@ -278,7 +288,7 @@ def markdown(results: dict[str, Any]) -> str:
         for base, what in (("eada", "from scores"), ("eada_from_energies", "from energies")):
             e = by.get((base, n), {})
             parts = []
-            for other in ("badge", "clue", "coreset", "dbal", "duc", "las"):
+            for other in ("badge", "clue", "coreset", "dbal", "duc", "las", *LAS_SEARCH):
                 r = by.get((other, n), {})
                 if "seconds" in e and "seconds" in r:
                     parts.append(

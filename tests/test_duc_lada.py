@@ -9,12 +9,14 @@ Python sorts. Our strategies must pick the same samples and our loss must give t
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
 import torch
 from sklearn.cluster import KMeans
 
+from eada.config import ConfigError, load_config
 from eada.strategies import PoolOutputs, get_strategy
 from eada.strategies import lada as lada_mod
 from eada.strategies.components import Evidential, StepBatch, evidential_loss
@@ -194,6 +196,80 @@ def test_las_blocked_neighbours_equal_the_full_matrix(monkeypatch: pytest.Monkey
     ref = np.argsort(-full, axis=1)[:, 1:5]
     assert idx.tolist() == ref.tolist()
     np.testing.assert_allclose(sims.numpy(), np.take_along_axis(full, ref, 1), rtol=1e-5)
+
+
+def _clustered_pool(n: int, seed: int) -> PoolOutputs:
+    """``n`` samples around 10 class centres in 32 dimensions, energies from a linear head."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(10, 32))
+    z = (centres[rng.integers(10, size=n)] + rng.normal(size=(n, 32))).astype(np.float32)
+    return PoolOutputs(energies=-(z @ centres.T) / np.linalg.norm(centres, axis=1), embeddings=z)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_las_faiss_above_the_threshold_agrees_with_exact(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("faiss")
+    monkeypatch.setattr(lada_mod, "EXACT_BELOW", 1000)  # 3,000 samples: auto takes faiss
+    pool = _clustered_pool(3000, seed)
+    z = np.asarray(pool.embeddings)
+    _, exact = lada_mod.cosine_neighbours(z, 10)
+    _, approx, used = lada_mod.knn_neighbours(z, 10)
+    assert used == "faiss"
+    recall = np.mean(
+        [len(set(a) & set(b)) / 10 for a, b in zip(exact.tolist(), approx.tolist(), strict=True)]
+    )
+    assert recall >= 0.95
+    las = get_strategy("las").fn
+    # M = 0: the picks are the budget samples of highest Q, nearly the same ones
+    ex = las(pool, 60, np.random.default_rng(1), oversample=0, knn="exact")
+    fa = las(pool, 60, np.random.default_rng(1), oversample=0)
+    assert fa.info["knn"] == "faiss" and ex.info["knn"] == "exact"
+    assert len(set(ex.indices.tolist()) & set(fa.indices.tolist())) >= 0.9 * 60
+    # the default M = 10: the k-means candidates (the 30 x 11 of highest Q) nearly the same
+    q_ex, q_fa = ex.scores["local_inconsistency"], fa.scores["local_inconsistency"]
+    top_ex, top_fa = (set(np.argsort(-q, kind="stable")[:330].tolist()) for q in (q_ex, q_fa))
+    assert len(top_ex & top_fa) >= 0.95 * 330
+
+
+def test_las_faiss_is_deterministic() -> None:
+    pytest.importorskip("faiss")
+    z = np.asarray(_clustered_pool(1500, 3).embeddings)
+    first = lada_mod.faiss_neighbours(z, 10, threads=1)
+    again = lada_mod.faiss_neighbours(z, 10, threads=2)  # the search's threads change nothing
+    assert torch.equal(first[1], again[1]) and torch.equal(first[0], again[0])
+    pool = _clustered_pool(1500, 3)
+    picks = [
+        get_strategy("las").fn(pool, 15, np.random.default_rng(5), knn="faiss").indices
+        for _ in range(2)
+    ]
+    np.testing.assert_array_equal(picks[0], picks[1])
+
+
+def test_las_without_faiss_searches_exactly_with_a_note(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss raises ImportError
+    monkeypatch.setattr(lada_mod, "EXACT_BELOW", 10)
+    monkeypatch.setattr(lada_mod, "_noted", set())
+    pool = _clustered_pool(200, 0)
+    sel = get_strategy("las").fn(pool, 4, np.random.default_rng(0))
+    assert sel.info["knn"] == "exact"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "faiss is not installed" in err
+    with pytest.raises(ImportError, match=r"eada\[fast\]"):
+        get_strategy("las").fn(pool, 4, np.random.default_rng(0), knn="faiss")
+
+
+def test_las_knn_is_validated() -> None:
+    pool = _clustered_pool(50, 0)
+    with pytest.raises(ValueError, match=r"active\.params\.knn must be one of auto, exact, faiss"):
+        get_strategy("las").fn(pool, 4, np.random.default_rng(0), knn="hnsw")
+    with pytest.raises(ConfigError, match=r"active\.params\.knn must be one of"):
+        load_config(
+            "configs/office_caltech10_surf.yaml", ["active.strategy=las", "active.params.knn=ivf"]
+        )
 
 
 def test_las_centroid_picks_take_next_nearest_when_shared() -> None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from eada.strategies import STRATEGIES, check_params
 from eada.strategies.components import COMPONENT_PARAMS, COMPONENTS
+from eada.strategies.lada import KNN_METHODS
 
 
 class _Strict(BaseModel):
@@ -324,6 +325,11 @@ class ActiveConfig(_Strict, RoundSchedule):
                 "budget_share": "active.budget_per_round",
             },
         )
+        knn = self.params.get("knn", "auto")
+        if knn not in KNN_METHODS:  # LAS's neighbour search
+            raise ValueError(
+                f"active.params.knn must be one of {', '.join(KNN_METHODS)}; got {knn!r}"
+            )
         names = self.params.get("aux_components", [])
         if not isinstance(names, list) or any(n not in COMPONENTS for n in names):
             raise ValueError(

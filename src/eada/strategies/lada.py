@@ -14,9 +14,28 @@ feature-space neighbourhood, as the authors' ``active/LASsampler.py`` computes i
    one, the next nearest of the first centroids (their loop over columns of the sorted
    distances).
 
-The neighbours are an exact search, blocked: a block of rows times all rows at a time
-(``torch.topk`` per block), so memory is ``O(block x N + N x K)``, never an ``N x N`` matrix;
-time is ``O(N^2 D)`` matrix products. k-means is scikit-learn's, as in the authors' code.
+The neighbours (``active.params.knn``, :func:`knn_neighbours`):
+
+* ``exact``: a blocked exact search, a block of rows times all rows at a time (``torch.topk``
+  per block): memory ``O(block x N + N x K)``, never an ``N x N`` matrix, but time
+  ``O(N^2 D)``. The authors' code computes the same neighbours (with the full ``N x N``
+  matrix), so on this path the picks equal theirs.
+* ``faiss``: an approximate search with faiss's HNSW graph (``IndexHNSWFlat`` on the
+  L2-normalised embeddings, inner product = cosine; ``M = 32``, ``efConstruction = 40``,
+  ``efSearch = 64``), time about ``O(N log N)``; the graph is built on one thread (faiss's
+  parallel insertion depends on the thread timing), so the same input gives the same
+  neighbours and picks. Each sample's own row is dropped from its ``K + 1`` results (the last
+  one where the search missed it). Its recall against the exact search and its time are
+  measured in BENCHMARKS.md ("LAS's neighbour search").
+* ``auto`` (default): ``exact`` below :data:`EXACT_BELOW` = 50,000 samples, ``faiss`` from
+  there on; ``exact`` with a one-line note where faiss is not installed
+  (``pip install 'eada[fast]'``, package ``faiss-cpu``). The threshold is about where the two
+  cost the same at one thread (BENCHMARKS.md, "LAS's neighbour search"): below it the exact
+  search is as fast (BLAS matrix products) and gives the authors' neighbours exactly; above
+  it its ``N^2`` grows away from HNSW's ``N log N``.
+
+Which search ran is in the selection's ``info["knn"]``. k-means is scikit-learn's, as in the
+authors' code.
 
 Where the similarities of a sample's neighbours do not sum to a positive number (possible only
 with embeddings that take both signs), its weights are uniform ``1 / K`` instead of the
@@ -28,6 +47,7 @@ adversarial entropy (:mod:`eada.strategies.components`).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -36,6 +56,19 @@ import torch
 from eada.strategies.base import PoolOutputs, Selection, check_request, register
 
 _BLOCK_ELEMENTS = 1 << 22
+
+EXACT_BELOW = 50_000
+"""``knn: auto`` searches exactly below this many samples, with faiss's HNSW from there on."""
+
+KNN_METHODS = ("auto", "exact", "faiss")
+"""The values of ``active.params.knn``."""
+
+# faiss HNSW settings (chosen by benchmarks/knn_choice.py, BENCHMARKS.md)
+HNSW_M = 32
+HNSW_EF_CONSTRUCTION = 40
+HNSW_EF_SEARCH = 64
+
+_noted: set[str] = set()
 
 
 def cosine_neighbours(
@@ -74,13 +107,150 @@ def cosine_neighbours(
     return sims, idx
 
 
+def faiss_available() -> bool:
+    """Whether ``faiss`` (the ``faiss-cpu`` package of the optional extra ``fast``) imports."""
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def faiss_neighbours(
+    embeddings: np.ndarray, k: int, *, threads: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most cosine-similar other rows of every row, approximately, with faiss's HNSW.
+
+    ``IndexHNSWFlat`` (:data:`HNSW_M` links, :data:`HNSW_EF_CONSTRUCTION`,
+    :data:`HNSW_EF_SEARCH`) with inner products on the L2-normalised rows, every row searched
+    for ``k + 1`` results; the row itself is dropped (the last result where the search missed
+    it). The graph is built on one thread, so the result is a function of the input; the
+    search runs on ``threads`` (default: the process's selection thread count), which does not
+    change it.
+
+    Args:
+        embeddings: ``(N, D)`` features (normalised here, float32).
+        k: neighbours per row (``k + 1 <= N``).
+        threads: faiss's OpenMP threads for the search.
+
+    Returns:
+        ``(similarities, indices)``, each ``(N, k)``, most similar first (as
+        :func:`cosine_neighbours`).
+
+    Raises:
+        ImportError: faiss is not installed (``pip install 'eada[fast]'``).
+
+    Example:
+        >>> z = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
+        >>> faiss_neighbours(z, 1)[1].tolist()
+        [[1], [0], [1]]
+    """
+    try:
+        import faiss
+    except ImportError as e:
+        raise ImportError("knn: faiss needs faiss-cpu (pip install 'eada[fast]')") from e
+    from eada.threads import selection_threads
+
+    z = torch.nn.functional.normalize(torch.from_numpy(np.asarray(embeddings, np.float32)), dim=1)
+    zn = np.ascontiguousarray(z.numpy())
+    n, dim = zn.shape
+    if k + 1 > n:
+        raise ValueError(f"{k} neighbours asked of {n} samples")
+    before = faiss.omp_get_max_threads()
+    try:
+        faiss.omp_set_num_threads(1)  # parallel insertion would make the graph timing-dependent
+        index = faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        index.add(zn)
+        index.hnsw.efSearch = max(HNSW_EF_SEARCH, k + 1)
+        faiss.omp_set_num_threads(threads or selection_threads())
+        sims, idx = index.search(zn, k + 1)
+    finally:
+        faiss.omp_set_num_threads(before)
+    rows = np.arange(n)[:, None]
+    is_self = idx == rows
+    # drop the row itself, or the last result where it was not found
+    drop = np.where(is_self.any(axis=1), is_self.argmax(axis=1), k)
+    keep = np.arange(k + 1)[None, :] != drop[:, None]
+    sims = sims[keep].reshape(n, k)
+    idx = idx[keep].reshape(n, k)
+    missing = idx < 0  # fewer than k + 1 found (not expected with efSearch >= k + 1)
+    if missing.any():
+        bad = np.flatnonzero(missing.any(axis=1))
+        s_ex, i_ex = _exact_rows(z, bad, k + 1)
+        sims[bad], idx[bad] = s_ex[:, 1:].numpy(), i_ex[:, 1:].numpy()
+    return torch.from_numpy(np.ascontiguousarray(sims)), torch.from_numpy(idx.astype(np.int64))
+
+
+def _exact_rows(z: torch.Tensor, rows: np.ndarray, take: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``take`` most similar rows of normalised ``z`` for the given rows, exactly."""
+    return torch.topk(z[torch.from_numpy(rows)] @ z.T, k=take, dim=1)
+
+
+def _note(msg: str) -> None:
+    """A one-line note on stderr, once per process."""
+    if msg not in _noted:
+        _noted.add(msg)
+        sys.stderr.write(msg + "\n")
+        sys.stderr.flush()
+
+
+def knn_neighbours(
+    embeddings: np.ndarray, k: int, knn: str = "auto", *, exact_below: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """LAS's ``k`` cosine neighbours of every row by the search ``knn`` names.
+
+    Args:
+        embeddings: ``(N, D)`` features.
+        k: neighbours per row (itself excluded).
+        knn: ``exact`` (:func:`cosine_neighbours`), ``faiss`` (:func:`faiss_neighbours`) or
+            ``auto``: exact below ``exact_below`` samples or without faiss installed (a
+            one-line note on stderr, once), faiss otherwise.
+        exact_below: the ``auto`` threshold (default :data:`EXACT_BELOW`, read at the call).
+
+    Returns:
+        ``(similarities, indices, used)``: ``(N, k)`` each, and ``"exact"`` or ``"faiss"``.
+
+    Raises:
+        ValueError: ``knn`` is none of :data:`KNN_METHODS`.
+        ImportError: ``knn="faiss"`` without faiss installed.
+
+    Example:
+        >>> z = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
+        >>> knn_neighbours(z, 1)[1:]  # 3 samples: below the threshold
+        (tensor([[1],
+                [0],
+                [1]]), 'exact')
+    """
+    if knn not in KNN_METHODS:
+        raise ValueError(f"active.params.knn must be one of {', '.join(KNN_METHODS)}; got {knn!r}")
+    use = knn
+    if knn == "auto":
+        below = EXACT_BELOW if exact_below is None else exact_below
+        use = "exact" if len(embeddings) < below else "faiss"
+        if use == "faiss" and not faiss_available():
+            _note(
+                f"note: las searches the neighbours of {len(embeddings)} samples exactly (O(N^2) "
+                "time): faiss is not installed (pip install 'eada[fast]')"
+            )
+            use = "exact"
+    if use == "faiss":
+        sims, idx = faiss_neighbours(embeddings, k)
+    else:
+        sims, idx = cosine_neighbours(embeddings, k)
+    return sims, idx, use
+
+
 def las_scores(
     probs: np.ndarray,
     embeddings: np.ndarray,
     k: int = 10,
     prop_iter: int = 1,
     prop_coef: float = 1.0,
-) -> np.ndarray:
+    knn: str = "auto",
+    *,
+    exact_below: int | None = None,
+) -> tuple[np.ndarray, str]:
     """LAS's local-inconsistency score ``Q`` of every sample (higher = query first).
 
     Args:
@@ -89,18 +259,22 @@ def las_scores(
         k: neighbours (``LADA.S_K``), at most ``N - 1`` used.
         prop_iter: propagation steps (``LADA.S_PROP_ITER``).
         prop_coef: propagation weight (``LADA.S_PROP_COEF``).
+        knn: the neighbour search (:func:`knn_neighbours`), ``exact_below`` its threshold.
+
+    Returns:
+        ``(Q, used)``: the ``(N,)`` scores and the search that ran (``"exact"``/``"faiss"``).
 
     Example:
         >>> p = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
         >>> z = np.array([[1.0, 0.0], [0.9, 0.1], [0.8, 0.3]])
-        >>> las_scores(p, z, k=1, prop_iter=0).tolist()  # the third disagrees with its neighbour
+        >>> las_scores(p, z, k=1, prop_iter=0)[0].tolist()  # the third disagrees with its neighbour
         [-1.0, -1.0, -0.0]
     """
     n = len(probs)
     k = min(k, n - 1)
     if k < 1:
-        return np.zeros(n)
-    sims, idx = cosine_neighbours(embeddings, k)
+        return np.zeros(n), "none"
+    sims, idx, used = knn_neighbours(embeddings, k, knn, exact_below=exact_below)
     total = sims.sum(dim=1, keepdim=True)
     w = torch.where(total > 0, sims / total, torch.full_like(sims, 1.0 / k))
     p = torch.from_numpy(np.asarray(probs, dtype=np.float32))
@@ -112,7 +286,7 @@ def las_scores(
         q[start:stop] = -(agree * w[start:stop]).sum(-1)
     for _ in range(prop_iter):
         q = q + (w * q[idx]).sum(-1) * prop_coef
-    return q.double().numpy()
+    return q.double().numpy(), used
 
 
 def _nearest_columns(centres: np.ndarray, x: np.ndarray, m: int) -> np.ndarray:
@@ -169,6 +343,7 @@ def las_select(
     oversample: int = 10,
     prop_iter: int = 1,
     prop_coef: float = 1.0,
+    knn: str = "auto",
     **_: Any,
 ) -> Selection:
     """LAS (module docstring): ``Q`` on the cosine kNN graph, k-means over the top candidates.
@@ -182,6 +357,9 @@ def las_select(
             ``budget x (1 + M)`` samples of highest ``Q``.
         prop_iter: ``LADA.S_PROP_ITER`` (default 1).
         prop_coef: ``LADA.S_PROP_COEF`` (default 1.0).
+        knn: the neighbour search: ``auto`` (default; exact below :data:`EXACT_BELOW` =
+            50,000 samples, faiss HNSW from there on), ``exact`` or ``faiss`` (module
+            docstring); ``info["knn"]`` says which ran.
 
     Example:
         >>> gen = np.random.default_rng(0)
@@ -198,8 +376,10 @@ def las_select(
             f"las: neighbours must be >= 1, oversample and prop_iter >= 0; got {neighbours}, "
             f"{oversample}, {prop_iter}"
         )
+    if knn not in KNN_METHODS:
+        raise ValueError(f"active.params.knn must be one of {', '.join(KNN_METHODS)}; got {knn!r}")
     z = pool.require_embeddings("las")
-    q = las_scores(pool.probabilities("las"), z, neighbours, prop_iter, prop_coef)
+    q, used = las_scores(pool.probabilities("las"), z, neighbours, prop_iter, prop_coef, knn)
     ranked = np.argsort(-q, kind="stable")
     cand = ranked[: min(n, budget * (1 + oversample))]
     zc = torch.nn.functional.normalize(torch.from_numpy(np.asarray(z[cand], np.float32)), dim=1)
@@ -209,5 +389,5 @@ def las_select(
     return Selection(
         indices=picked.astype(np.int64),
         scores={"local_inconsistency": q},
-        info={"candidates": len(cand), "kmeans_iterations": int(km.n_iter_)},
+        info={"candidates": len(cand), "kmeans_iterations": int(km.n_iter_), "knn": used},
     )
