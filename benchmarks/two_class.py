@@ -58,7 +58,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "normalized": ("eada", ["train.alignment=normalized"]),
     "paper": ("eada", ["train.alignment=paper"]),
     "no_fea": ("eada_no_fea", ["train.alignment=normalized"]),
+    # L_fea gated (train.fea_gate, eada.energy.FEA_GATES), added after the first three
+    "normalized_dann": ("eada", ["train.alignment=normalized", "train.fea_gate=dann"]),
+    "normalized_labels": ("eada", ["train.alignment=normalized", "train.fea_gate=labels"]),
 }
+GATED = ("normalized_dann", "normalized_labels")
 DIGIT_TASKS = {"MNIST->USPS 3v8": "mnist-usps", "MNIST->MNIST-M 3v8": "mnist-mnistm"}
 
 
@@ -108,7 +112,7 @@ def summarize(out: Path, tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "std": float(np.std(accs, ddof=1)) if len(accs) > 1 else None,
             }
         base = info["no_fea"]["mean"]
-        for v in ("normalized", "paper"):
+        for v in ("normalized", "paper", *GATED):
             m = info[v]["mean"]
             info[v]["minus_no_fea"] = None if m is None or base is None else m - base
         tasks[name] = info
@@ -126,6 +130,8 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
         "normalized - w/o",
         "paper - w/o",
     ]
+    gated = [v for v in GATED if any(info[v]["mean"] is not None for info in tasks.values())]
+    head += [f"{v} - w/o" for v in gated]
     body = []
 
     def cell(r: dict[str, Any]) -> str:
@@ -147,6 +153,7 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
                 cell(info["normalized"]),
                 diff(info["normalized"]),
                 diff(info["paper"]),
+                *(f"{cell(info[v])} ({diff(info[v])})" for v in gated),
             ]
         )
     return markdown_table(head, body)
@@ -265,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/results/two_class")
     p.add_argument("--digits", action="store_true", help="also the digits 3-vs-8 tasks")
     p.add_argument("--only", default="", help="comma-separated task folders to run, e.g. surf/D-A")
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated variants to run (default all: {', '.join(VARIANTS)})",
+    )
     p.add_argument("--table-only", action="store_true")
     p.add_argument(
         "--resummarize",
@@ -303,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(old["tasks"]))
         return 0
     seeds = parse_seeds(args.seeds)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     tasks = surf_tasks(Path(args.data)) | (digit_tasks() if args.digits else {})
     if summary_file.is_file():  # keep the tasks of earlier invocations (e.g. --digits)
         tasks = json.loads(summary_file.read_text())["tasks"] | tasks
@@ -313,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if info["kind"] == "digits" and not args.digits:
             continue
-        for v in VARIANTS:
+        for v in variants:
             run_seeds(config_maker(info, v), seeds, out / info["folder"] / v)
         print(f"{name} {info['class_names']}: done", file=sys.stderr)
     summary: dict[str, Any] = {"benchmark": "two_class", "seeds": seeds}

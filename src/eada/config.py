@@ -264,6 +264,10 @@ class TrainConfig(_Strict):
     # per-sample G ("centered"); or the paper's F (configs that reproduce the paper pin it);
     # BENCHMARKS.md "Alignment variants"
     alignment: Literal["paper", "centered", "balanced", "normalized"] = "normalized"
+    # the weight w in gamma * w * L_fea (eada.energy.FEA_GATES): none (w = 1, the paper), dann
+    # (w = 2 / (1 + exp(-10 p)) - 1 over the share p of training steps done) or labels (w = the
+    # share of the planned target labels given); BENCHMARKS.md "Two-class tasks"
+    fea_gate: Literal["none", "dann", "labels"] = "none"
 
 
 class ActiveConfig(_Strict, RoundSchedule):
