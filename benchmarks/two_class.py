@@ -61,8 +61,12 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # L_fea gated (train.fea_gate, eada.energy.FEA_GATES), added after the first three
     "normalized_dann": ("eada", ["train.alignment=normalized", "train.fea_gate=dann"]),
     "normalized_labels": ("eada", ["train.alignment=normalized", "train.fea_gate=labels"]),
+    "normalized_confidence": (
+        "eada",
+        ["train.alignment=normalized", "train.fea_gate=confidence"],
+    ),
 }
-GATED = ("normalized_dann", "normalized_labels")
+GATED = ("normalized_dann", "normalized_labels", "normalized_confidence")
 DIGIT_TASKS = {"MNIST->USPS 3v8": "mnist-usps", "MNIST->MNIST-M 3v8": "mnist-mnistm"}
 
 

@@ -10,7 +10,13 @@ import torch
 
 from eada.config import ConfigError, TrainConfig
 from eada.data.tasks import load_task
-from eada.energy import FEA_GATES, fea_gate_weight
+from eada.energy import (
+    FEA_GATES,
+    alignment_scale,
+    fea_gate_weight,
+    fea_sample_weights,
+    free_energy_alignment_loss,
+)
 from eada.hparams import preset_config
 from eada.runs import LEGACY_VALUES
 from eada.train import ActiveDATrainer
@@ -34,7 +40,7 @@ def test_gate_weights_follow_their_formulas(p: float) -> None:
 @pytest.mark.parametrize(
     ("gate", "progress", "share", "words"),
     [
-        ("ramp", 0.5, 1.0, "train.fea_gate must be one of none, dann, labels"),
+        ("ramp", 0.5, 1.0, "train.fea_gate must be one of none, dann, labels, confidence"),
         ("dann", 1.5, 1.0, "progress must be in [0, 1]"),
         ("labels", 0.5, -0.1, "labeled_share must be in [0, 1]"),
     ],
@@ -45,7 +51,7 @@ def test_gate_weight_refuses_bad_input(gate: str, progress: float, share: float,
 
 
 def test_config_validates_the_gate_and_old_records_mean_no_gate() -> None:
-    assert set(FEA_GATES) == {"none", "dann", "labels"}
+    assert set(FEA_GATES) == {"none", "dann", "labels", "confidence"}
     assert TrainConfig(fea_gate="labels").fea_gate == "labels"
     with pytest.raises(ValueError, match="fea_gate"):
         TrainConfig(fea_gate="ramp")  # type: ignore[arg-type]
@@ -85,3 +91,32 @@ def test_trainer_weights_follow_progress_and_labels() -> None:
     plain = _trainer([])
     assert "fea_weight" not in plain.run().history[0]  # no gate: records unchanged
     assert plain.fea_gate_weight(0.0) == 1.0
+
+
+def test_confidence_weights_are_the_confidence_above_chance() -> None:
+    e = torch.tensor([[0.0, 0.0, 0.0], [0.0, 50.0, 50.0], [0.0, math.log(2.0), 9.0]])
+    p = torch.softmax(-e, dim=1).amax(dim=1)
+    w = fea_sample_weights(e)
+    assert torch.allclose(w, (p - 1 / 3) / (1 - 1 / 3))
+    assert w[0] == 0.0 and w[1] == pytest.approx(1.0) and not w.requires_grad
+    assert fea_gate_weight("confidence", 0.0, 0.0) == 1.0  # no global weight
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        fea_sample_weights(torch.zeros(3, 1))
+
+
+def test_confidence_gate_weights_each_sample_of_the_loss() -> None:
+    """The trainer's L_fea under ``confidence`` is ``mean(w_i * max(0, B_i / sigma - Delta))``
+    on the step's own batches (recomputed here from the model and the same draws)."""
+    tr = _trainer(["train.gamma=0.5", "train.fea_gate=confidence"])
+    plain = _trainer(["train.gamma=0.5"])
+    torch.manual_seed(0)
+    out = tr.train_step()
+    torch.manual_seed(0)
+    ref = plain.train_step()
+    assert out["loss_source"] == pytest.approx(ref["loss_source"])  # same batches, same model
+    assert 0 < out["loss_align"] < ref["loss_align"]  # every weight below 1 on the toy's start
+    e = torch.randn(16, 2)
+    per = free_energy_alignment_loss(
+        e, -1.0, alignment="normalized", scale=alignment_scale(e), reduction="none"
+    )
+    assert (fea_sample_weights(e) * per).mean() <= per.mean()

@@ -266,8 +266,9 @@ class TrainConfig(_Strict):
     alignment: Literal["paper", "centered", "balanced", "normalized"] = "normalized"
     # the weight w in gamma * w * L_fea (eada.energy.FEA_GATES): none (w = 1, the paper), dann
     # (w = 2 / (1 + exp(-10 p)) - 1 over the share p of training steps done) or labels (w = the
-    # share of the planned target labels given); BENCHMARKS.md "Two-class tasks"
-    fea_gate: Literal["none", "dann", "labels"] = "none"
+    # share of the planned target labels given) or confidence (per sample, the model's own
+    # confidence above chance, 0..1); BENCHMARKS.md "Two-class tasks"
+    fea_gate: Literal["none", "dann", "labels", "confidence"] = "none"
 
 
 class ActiveConfig(_Strict, RoundSchedule):

@@ -534,9 +534,16 @@ class ActiveDATrainer:
         loss = t.delta_s * loss_s
         out = {"loss_source": float(loss_s.detach()), "delta": delta}
         if use_u:
-            loss_u = energy_ops.free_energy_alignment_loss(
-                energies[1], delta, tau=t.tau, alignment=t.alignment, scale=scale
-            )
+            e_u = energies[1]
+            if t.fea_gate == "confidence":  # per-sample weights (eada.energy.fea_sample_weights)
+                per_sample = energy_ops.free_energy_alignment_loss(
+                    e_u, delta, tau=t.tau, alignment=t.alignment, scale=scale, reduction="none"
+                )
+                loss_u = (energy_ops.fea_sample_weights(e_u, t.tau) * per_sample).mean()
+            else:
+                loss_u = energy_ops.free_energy_alignment_loss(
+                    e_u, delta, tau=t.tau, alignment=t.alignment, scale=scale
+                )
             loss = loss + t.gamma * self.fea_weight * loss_u
             out["loss_align"] = float(loss_u.detach())
             if t.fea_gate != "none":
