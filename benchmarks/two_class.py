@@ -7,6 +7,9 @@ Two-class tasks built from the in-repo data with ``data.keep_classes``:
   on the target (symmetric count of confusions; chosen before any EADA run, so the pairs are
   hard ones, not ones picked for a result). The same protocol as the 10-class tasks.
 * digits 3-vs-8 (``--digits``): MNIST->USPS and MNIST->MNIST-M, the ``digits/*`` presets.
+* Office-31 (``--office31``): frozen EfficientNet-Lite0 features, amazon subset <-> webcam
+  (``configs/office31_*_lite0_frozen.yaml``), per direction the two class pairs a 1-NN on the
+  frozen features confuses most.
 
 Each task runs EADA with the default ``normalized`` alignment, with the paper's ``paper``
 alignment and without ``L_fea`` (``eada_no_fea``), seeds 0-2 by default; one ``runs.jsonl`` a
@@ -67,6 +70,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     ),
 }
 GATED = ("normalized_dann", "normalized_labels", "normalized_confidence")
+OFFICE31 = {  # frozen EfficientNet-Lite0 features of Office-31, amazon subset <-> webcam
+    "Office-31 A(sub)->W": "configs/office31_amazon_subset_webcam_lite0_frozen.yaml",
+    "Office-31 W->A(sub)": "configs/office31_webcam_amazon_subset_lite0_frozen.yaml",
+}
 DIGIT_TASKS = {"MNIST->USPS 3v8": "mnist-usps", "MNIST->MNIST-M 3v8": "mnist-mnistm"}
 
 
@@ -185,6 +192,43 @@ def surf_tasks(data: Path) -> dict[str, dict[str, Any]]:
     return tasks
 
 
+def office31_tasks(pairs: int = 2) -> dict[str, dict[str, Any]]:
+    """Office-31 frozen Lite0 (both ways): per direction the ``pairs`` class pairs a
+    source-trained 1-NN on the frozen features confuses most on the target (symmetric count,
+    as for SURF; the features come from the config's cache, extracted there if absent)."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from eada.data.tasks import load_task
+
+    tasks: dict[str, dict[str, Any]] = {}
+    for name, config in OFFICE31.items():
+        cfg = load_config(config)
+        task = load_task(cfg.data, 0, cfg.model)
+        xs, ys = task.source.x.numpy(), task.source.y.numpy()  # type: ignore[attr-defined]
+        xt, yt = task.target.x.numpy(), task.target.y.numpy()  # type: ignore[attr-defined]
+        pred = KNeighborsClassifier(n_neighbors=1).fit(xs, ys).predict(xt)
+        c = len(task.source.classes)
+        conf = np.zeros((c, c), dtype=int)
+        np.add.at(conf, (yt, pred), 1)
+        sym = conf + conf.T
+        np.fill_diagonal(sym, -1)
+        iu = np.triu_indices(c, k=1)
+        order = np.argsort(-sym[iu], kind="stable")[:pairs]
+        for k in order:
+            pair = [int(iu[0][k]), int(iu[1][k])]
+            names = [task.source.classes[i] for i in pair]
+            short = "A-W" if name.endswith("->W") else "W-A"
+            tasks[f"{name} {names[0]} vs {names[1]}"] = {
+                "folder": f"office31/{short}_{names[0]}_vs_{names[1]}",
+                "kind": "office31",
+                "config": config,
+                "keep_classes": pair,
+                "class_names": names,
+                "nn_confusions": int(sym[pair[0], pair[1]]),
+            }
+    return tasks
+
+
 def digit_tasks() -> dict[str, dict[str, Any]]:
     """Digits 3-vs-8 on the digits presets."""
     return {
@@ -208,6 +252,10 @@ def config_maker(info: dict[str, Any], variant: str) -> Callable[[int], Experime
         sets += [f"data.source={info['source']}", f"data.target={info['target']}"]
         sets += [f"name=two_class/{info['folder']}", keep, *extra]
         return lambda seed: load_config(CONFIG, [*sets, f"seed={seed}"])
+    if info["kind"] == "office31":
+        sets = [f"{a}.{k}={v}" for a, d in METHODS[method].items() for k, v in d.items()]
+        sets += [f"name=two_class/{info['folder']}", keep, *extra]
+        return lambda seed: load_config(info["config"], [*sets, f"seed={seed}"])
     sets = [keep, "train.forward=fused", "train.channels_last=true", *extra]
     return lambda seed: preset_config(info["preset"], method, seed, sets)
 
@@ -275,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default="../shared/data/office_caltech10_surf")
     p.add_argument("--out", default="benchmarks/results/two_class")
     p.add_argument("--digits", action="store_true", help="also the digits 3-vs-8 tasks")
+    p.add_argument(
+        "--office31",
+        action="store_true",
+        help="also Office-31 frozen Lite0 both ways, two class pairs each",
+    )
     p.add_argument("--only", default="", help="comma-separated task folders to run, e.g. surf/D-A")
     p.add_argument(
         "--variants",
@@ -324,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     tasks = surf_tasks(Path(args.data)) | (digit_tasks() if args.digits else {})
+    tasks |= office31_tasks() if args.office31 else {}
     if summary_file.is_file():  # keep the tasks of earlier invocations (e.g. --digits)
         tasks = json.loads(summary_file.read_text())["tasks"] | tasks
     only = set(filter(None, args.only.split(",")))
@@ -332,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if only and info["folder"] not in only:
             continue
         if info["kind"] == "digits" and not args.digits:
+            continue
+        if info["kind"] == "office31" and not args.office31:
             continue
         for v in variants:
             run_seeds(config_maker(info, v), seeds, out / info["folder"] / v)
