@@ -170,6 +170,42 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
     return markdown_table(head, body)
 
 
+def gates_markdown(out: Path, tasks: dict[str, dict[str, Any]]) -> str:
+    """The gated variants beside EADA w/o ``L_fea`` and the paired control of
+    ``two_class_diagnosis.py`` (``zero_weight``: ``L_fea`` weighted 0 on the default's random
+    stream); one row a task that has a gated run, mean over seeds 0-2 (differences to both)."""
+
+    def mean(folder: Path) -> float | None:
+        accs = [last_acc(r) for r in read_runs(folder) if r["seed"] <= 2]
+        return float(np.mean(accs)) if len(accs) == 3 else None
+
+    head = ["task", "w/o L_fea", "zero-weight control", "normalized (default)"]
+    head += [f"{v.removeprefix('normalized_')} gate" for v in GATED]
+    body = []
+    for name, info in tasks.items():
+        folder = out / info["folder"]
+        gated = [mean(folder / v) for v in GATED]
+        if all(g is None for g in gated):
+            continue
+        base, ctrl = (
+            mean(folder / "no_fea"),
+            mean(out / "diagnosis" / info["folder"] / "zero_weight"),
+        )
+
+        def cell(m: float | None, base: float | None = base, ctrl: float | None = ctrl) -> str:
+            if m is None:
+                return "–"
+            text = f"{m:.1f}" + ("" if base is None else f" ({m - base:+.1f}")
+            text += "" if ctrl is None else f"; {m - ctrl:+.1f}"
+            return text + ")" if base is not None else text
+
+        row = [name, "–" if base is None else f"{base:.1f}"]
+        row += ["–" if ctrl is None else f"{ctrl:.1f} ({ctrl - base:+.1f})" if base else "–"]
+        row += [cell(mean(folder / "normalized")), *(cell(g) for g in gated)]
+        body.append(row)
+    return markdown_table(head, body)
+
+
 def surf_tasks(data: Path) -> dict[str, dict[str, Any]]:
     """The 12 SURF domain pairs, each on its most confused class pair."""
     tasks: dict[str, dict[str, Any]] = {}
@@ -336,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--table-only", action="store_true")
     p.add_argument(
+        "--gates-table",
+        action="store_true",
+        help="print the gated variants beside w/o L_fea and the zero-weight control",
+    )
+    p.add_argument(
         "--resummarize",
         action="store_true",
         help="recompute summary.json from the run records (keeps its timing fields)",
@@ -361,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r), file=sys.stderr)
         name = args.selection_check.replace("/", "_")
         write_json(out / f"selection_check_{name}.json", {"task": info, "rounds": rows})
+        return 0
+    if args.gates_table:
+        print(gates_markdown(out, json.loads(summary_file.read_text())["tasks"]))
         return 0
     if args.table_only:
         print(markdown(json.loads(summary_file.read_text())["tasks"]))
