@@ -7,6 +7,9 @@ Two-class tasks built from the in-repo data with ``data.keep_classes``:
   on the target (symmetric count of confusions; chosen before any EADA run, so the pairs are
   hard ones, not ones picked for a result). The same protocol as the 10-class tasks.
 * digits 3-vs-8 (``--digits``): MNIST->USPS and MNIST->MNIST-M, the ``digits/*`` presets.
+* Office-31 (``--office31``): frozen EfficientNet-Lite0 features, amazon subset <-> webcam
+  (``configs/office31_*_lite0_frozen.yaml``), per direction the two class pairs a 1-NN on the
+  frozen features confuses most.
 
 Each task runs EADA with the default ``normalized`` alignment, with the paper's ``paper``
 alignment and without ``L_fea`` (``eada_no_fea``), seeds 0-2 by default; one ``runs.jsonl`` a
@@ -58,6 +61,18 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "normalized": ("eada", ["train.alignment=normalized"]),
     "paper": ("eada", ["train.alignment=paper"]),
     "no_fea": ("eada_no_fea", ["train.alignment=normalized"]),
+    # L_fea gated (train.fea_gate, eada.energy.FEA_GATES), added after the first three
+    "normalized_dann": ("eada", ["train.alignment=normalized", "train.fea_gate=dann"]),
+    "normalized_labels": ("eada", ["train.alignment=normalized", "train.fea_gate=labels"]),
+    "normalized_confidence": (
+        "eada",
+        ["train.alignment=normalized", "train.fea_gate=confidence"],
+    ),
+}
+GATED = ("normalized_dann", "normalized_labels", "normalized_confidence")
+OFFICE31 = {  # frozen EfficientNet-Lite0 features of Office-31, amazon subset <-> webcam
+    "Office-31 A(sub)->W": "configs/office31_amazon_subset_webcam_lite0_frozen.yaml",
+    "Office-31 W->A(sub)": "configs/office31_webcam_amazon_subset_lite0_frozen.yaml",
 }
 DIGIT_TASKS = {"MNIST->USPS 3v8": "mnist-usps", "MNIST->MNIST-M 3v8": "mnist-mnistm"}
 
@@ -108,7 +123,7 @@ def summarize(out: Path, tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "std": float(np.std(accs, ddof=1)) if len(accs) > 1 else None,
             }
         base = info["no_fea"]["mean"]
-        for v in ("normalized", "paper"):
+        for v in ("normalized", "paper", *GATED):
             m = info[v]["mean"]
             info[v]["minus_no_fea"] = None if m is None or base is None else m - base
         tasks[name] = info
@@ -126,6 +141,8 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
         "normalized - w/o",
         "paper - w/o",
     ]
+    gated = [v for v in GATED if any(info[v]["mean"] is not None for info in tasks.values())]
+    head += [f"{v} - w/o" for v in gated]
     body = []
 
     def cell(r: dict[str, Any]) -> str:
@@ -147,8 +164,45 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
                 cell(info["normalized"]),
                 diff(info["normalized"]),
                 diff(info["paper"]),
+                *(f"{cell(info[v])} ({diff(info[v])})" for v in gated),
             ]
         )
+    return markdown_table(head, body)
+
+
+def gates_markdown(out: Path, tasks: dict[str, dict[str, Any]]) -> str:
+    """The gated variants beside EADA w/o ``L_fea`` and the paired control of
+    ``two_class_diagnosis.py`` (``zero_weight``: ``L_fea`` weighted 0 on the default's random
+    stream); one row a task that has a gated run, mean over seeds 0-2 (differences to both)."""
+
+    def mean(folder: Path) -> float | None:
+        accs = [last_acc(r) for r in read_runs(folder) if r["seed"] <= 2]
+        return float(np.mean(accs)) if len(accs) == 3 else None
+
+    head = ["task", "w/o L_fea", "zero-weight control", "normalized (default)"]
+    head += [f"{v.removeprefix('normalized_')} gate" for v in GATED]
+    body = []
+    for name, info in tasks.items():
+        folder = out / info["folder"]
+        gated = [mean(folder / v) for v in GATED]
+        if all(g is None for g in gated):
+            continue
+        base, ctrl = (
+            mean(folder / "no_fea"),
+            mean(out / "diagnosis" / info["folder"] / "zero_weight"),
+        )
+
+        def cell(m: float | None, base: float | None = base, ctrl: float | None = ctrl) -> str:
+            if m is None:
+                return "–"
+            text = f"{m:.1f}" + ("" if base is None else f" ({m - base:+.1f}")
+            text += "" if ctrl is None else f"; {m - ctrl:+.1f}"
+            return text + ")" if base is not None else text
+
+        row = [name, "–" if base is None else f"{base:.1f}"]
+        row += ["–" if ctrl is None else f"{ctrl:.1f} ({ctrl - base:+.1f})" if base else "–"]
+        row += [cell(mean(folder / "normalized")), *(cell(g) for g in gated)]
+        body.append(row)
     return markdown_table(head, body)
 
 
@@ -170,6 +224,43 @@ def surf_tasks(data: Path) -> dict[str, dict[str, Any]]:
                 "keep_classes": pair,
                 "class_names": [SURF_CLASSES[i] for i in pair],
                 "nn_confusions": confusions,
+            }
+    return tasks
+
+
+def office31_tasks(pairs: int = 2) -> dict[str, dict[str, Any]]:
+    """Office-31 frozen Lite0 (both ways): per direction the ``pairs`` class pairs a
+    source-trained 1-NN on the frozen features confuses most on the target (symmetric count,
+    as for SURF; the features come from the config's cache, extracted there if absent)."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from eada.data.tasks import load_task
+
+    tasks: dict[str, dict[str, Any]] = {}
+    for name, config in OFFICE31.items():
+        cfg = load_config(config)
+        task = load_task(cfg.data, 0, cfg.model)
+        xs, ys = task.source.x.numpy(), task.source.y.numpy()  # type: ignore[attr-defined]
+        xt, yt = task.target.x.numpy(), task.target.y.numpy()  # type: ignore[attr-defined]
+        pred = KNeighborsClassifier(n_neighbors=1).fit(xs, ys).predict(xt)
+        c = len(task.source.classes)
+        conf = np.zeros((c, c), dtype=int)
+        np.add.at(conf, (yt, pred), 1)
+        sym = conf + conf.T
+        np.fill_diagonal(sym, -1)
+        iu = np.triu_indices(c, k=1)
+        order = np.argsort(-sym[iu], kind="stable")[:pairs]
+        for k in order:
+            pair = [int(iu[0][k]), int(iu[1][k])]
+            names = [task.source.classes[i] for i in pair]
+            short = "A-W" if name.endswith("->W") else "W-A"
+            tasks[f"{name} {names[0]} vs {names[1]}"] = {
+                "folder": f"office31/{short}_{names[0]}_vs_{names[1]}",
+                "kind": "office31",
+                "config": config,
+                "keep_classes": pair,
+                "class_names": names,
+                "nn_confusions": int(sym[pair[0], pair[1]]),
             }
     return tasks
 
@@ -197,6 +288,10 @@ def config_maker(info: dict[str, Any], variant: str) -> Callable[[int], Experime
         sets += [f"data.source={info['source']}", f"data.target={info['target']}"]
         sets += [f"name=two_class/{info['folder']}", keep, *extra]
         return lambda seed: load_config(CONFIG, [*sets, f"seed={seed}"])
+    if info["kind"] == "office31":
+        sets = [f"{a}.{k}={v}" for a, d in METHODS[method].items() for k, v in d.items()]
+        sets += [f"name=two_class/{info['folder']}", keep, *extra]
+        return lambda seed: load_config(info["config"], [*sets, f"seed={seed}"])
     sets = [keep, "train.forward=fused", "train.channels_last=true", *extra]
     return lambda seed: preset_config(info["preset"], method, seed, sets)
 
@@ -264,8 +359,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default="../shared/data/office_caltech10_surf")
     p.add_argument("--out", default="benchmarks/results/two_class")
     p.add_argument("--digits", action="store_true", help="also the digits 3-vs-8 tasks")
+    p.add_argument(
+        "--office31",
+        action="store_true",
+        help="also Office-31 frozen Lite0 both ways, two class pairs each",
+    )
     p.add_argument("--only", default="", help="comma-separated task folders to run, e.g. surf/D-A")
+    p.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help=f"comma-separated variants to run (default all: {', '.join(VARIANTS)})",
+    )
     p.add_argument("--table-only", action="store_true")
+    p.add_argument(
+        "--gates-table",
+        action="store_true",
+        help="print the gated variants beside w/o L_fea and the zero-weight control",
+    )
     p.add_argument(
         "--resummarize",
         action="store_true",
@@ -293,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         name = args.selection_check.replace("/", "_")
         write_json(out / f"selection_check_{name}.json", {"task": info, "rounds": rows})
         return 0
+    if args.gates_table:
+        print(gates_markdown(out, json.loads(summary_file.read_text())["tasks"]))
+        return 0
     if args.table_only:
         print(markdown(json.loads(summary_file.read_text())["tasks"]))
         return 0
@@ -303,7 +416,12 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(old["tasks"]))
         return 0
     seeds = parse_seeds(args.seeds)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        p.error(f"--variants: unknown {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
     tasks = surf_tasks(Path(args.data)) | (digit_tasks() if args.digits else {})
+    tasks |= office31_tasks() if args.office31 else {}
     if summary_file.is_file():  # keep the tasks of earlier invocations (e.g. --digits)
         tasks = json.loads(summary_file.read_text())["tasks"] | tasks
     only = set(filter(None, args.only.split(",")))
@@ -313,7 +431,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if info["kind"] == "digits" and not args.digits:
             continue
-        for v in VARIANTS:
+        if info["kind"] == "office31" and not args.office31:
+            continue
+        for v in variants:
             run_seeds(config_maker(info, v), seeds, out / info["folder"] / v)
         print(f"{name} {info['class_names']}: done", file=sys.stderr)
     summary: dict[str, Any] = {"benchmark": "two_class", "seeds": seeds}

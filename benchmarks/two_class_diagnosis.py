@@ -8,6 +8,11 @@ loses (``benchmarks/two_class.py``): two ablations of it, run exactly as the def
 * ``no_batch_recentring``: the per-sample centred ``G`` over ``sigma`` instead of ``B``: the
   energies are not taken relative to the batch's class means (at ``C = 2`` that recentring
   removes the batch's mean margin, i.e. pushes every batch towards a 50/50 split).
+* ``zero_weight``: ``L_fea`` computed on the same batches as the default but weighted 0, so the
+  run draws exactly the random numbers of the default (the unlabeled stream, ``Delta``'s
+  ``lam``) and trains exactly as EADA without ``L_fea``. ``eada_no_fea`` (``gamma = 0``) never
+  draws an unlabeled batch, so its runs see other batches than the default's under the same
+  seed: this control separates the effect of ``L_fea`` from that of the random stream.
 
 Usage: ``python benchmarks/two_class_diagnosis.py [--tasks surf/A-W,surf/W-A] [--seeds 0-2]``
 (results under ``benchmarks/results/two_class/diagnosis/``; the patches live in this script
@@ -43,9 +48,17 @@ def _centred(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     return energy.centered_free_energy(energies, tau)
 
 
+_loss = energy.free_energy_alignment_loss
+
+
+def _zero_weight(*args: Any, **kwargs: Any) -> torch.Tensor:
+    return 0.0 * _loss(*args, **kwargs)
+
+
 ABLATIONS = {
     "detached_source_scale": ("alignment_scale", _detached_source_scale),
     "no_batch_recentring": ("balanced_free_energy", _centred),
+    "zero_weight": ("free_energy_alignment_loss", _zero_weight),
 }
 
 
@@ -56,25 +69,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="0-2")
     p.add_argument("--data", default="../shared/data/office_caltech10_surf")
     p.add_argument("--out", default="benchmarks/results/two_class/diagnosis")
+    p.add_argument("--ablations", default=",".join(ABLATIONS), help="comma-separated")
     args = p.parse_args(argv)
     out, seeds = Path(args.out), parse_seeds(args.seeds)
+    unknown = sorted(set(args.ablations.split(",")) - set(ABLATIONS))
+    if unknown:
+        p.error(f"--ablations: unknown {', '.join(unknown)}; known: {', '.join(ABLATIONS)}")
     tasks = {i["folder"]: i for i in surf_tasks(Path(args.data)).values()}
-    summary: dict[str, Any] = {}
+    summary_file = out / "summary.json"  # earlier invocations' entries are kept
+    summary: dict[str, Any] = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     for folder in args.tasks.split(","):
         info = tasks[folder]
-        summary[folder] = {}
-        for name, (attr, fn) in ABLATIONS.items():
+        summary.setdefault(folder, {})
+        for name in args.ablations.split(","):
+            attr, fn = ABLATIONS[name]
             setattr(energy, attr, fn)
             try:
                 run_seeds(config_maker(info, "normalized"), seeds, out / folder / name)
             finally:
                 energy.alignment_scale, energy.balanced_free_energy = _scale, _balanced
+                energy.free_energy_alignment_loss = _loss
             accs = [
                 last_acc(r) for r in sorted(read_runs(out / folder / name), key=lambda r: r["seed"])
             ]
             summary[folder][name] = {"accuracy": accs, "mean": float(np.mean(accs))}
             print(folder, name, summary[folder][name], file=sys.stderr)
-    write_json(out / "summary.json", summary)
+    write_json(summary_file, summary)
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -232,6 +232,14 @@ class TrainConfig(_Strict):
     :func:`eada.energy.normalized_free_energy`, :func:`eada.energy.balanced_free_energy` and
     :func:`eada.energy.centered_free_energy`.
 
+    ``fea_gate``: the weight ``w`` in ``gamma * w * L_fea`` (:data:`eada.energy.FEA_GATES`):
+    ``none`` (``w = 1``, the default and the paper), ``dann`` (``2 / (1 + exp(-10 p)) - 1``
+    over the share ``p`` of the run's training steps), ``labels`` (the share of the run's
+    planned target labels given) or ``confidence`` (per sample ``(p_max - 1/C) / (1 - 1/C)``).
+    ``dann`` and ``labels`` count within one trainer run (``ActiveDATrainer.run``: one seed of
+    ``eada run``, or one ``eada train`` call of a project store, against the config's planned
+    rounds; with none planned ``labels`` gives ``w = 1``).
+
     ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``
     one pass over the concatenated batches with per-stream batch norm (same maths, see
     :mod:`eada.train.forward`). ``amp``: bfloat16 autocast on CUDA (the authors train in fp32:
@@ -265,6 +273,11 @@ class TrainConfig(_Strict):
     # per-sample G ("centered"); or the paper's F (configs that reproduce the paper pin it);
     # BENCHMARKS.md "Alignment variants"
     alignment: Literal["paper", "centered", "balanced", "normalized"] = "normalized"
+    # the weight w in gamma * w * L_fea (eada.energy.FEA_GATES): none (w = 1, the paper), dann
+    # (w = 2 / (1 + exp(-10 p)) - 1 over the share p of training steps done) or labels (w = the
+    # share of the planned target labels given) or confidence (per sample, the model's own
+    # confidence above chance, 0..1); BENCHMARKS.md "Two-class tasks"
+    fea_gate: Literal["none", "dann", "labels", "confidence"] = "none"
 
 
 class ActiveConfig(_Strict, RoundSchedule):

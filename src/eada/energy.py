@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "ALIGNMENTS",
+    "FEA_GATES",
     "AlignmentDriftWarning",
     "AlignmentRunawayWarning",
     "DeltaEstimator",
@@ -38,6 +39,8 @@ __all__ = [
     "centered_free_energy",
     "energy_from_logits",
     "energy_nll",
+    "fea_gate_weight",
+    "fea_sample_weights",
     "free_energy",
     "free_energy_alignment_loss",
     "mvsm",
@@ -370,6 +373,77 @@ def free_energy_alignment_loss(
     if reduction == "none":
         return per_sample
     return per_sample.sum() if reduction == "sum" else per_sample.mean()
+
+
+FEA_GATES = ("none", "dann", "labels", "confidence")
+"""The gates of ``L_fea`` (``train.fea_gate``): the weight ``w`` in ``gamma * w * L_fea``.
+
+* ``none``: ``w = 1`` throughout (the paper and every run before the option existed);
+* ``dann``: ``w(p) = 2 / (1 + exp(-10 p)) - 1`` with ``p`` the share of the run's training
+  steps done, the schedule of DANN's gradient-reversal weight (Ganin et al., 2016): the
+  alignment starts at 0 while the target predictions are the source classifier's alone and
+  reaches 0.76 at ``p = 0.2`` and 0.99 at ``p = 0.5``;
+* ``labels``: ``w = n_l / n_planned``, the share of the run's planned target labels already
+  given (0 before the first round, 1 after the last; 1 in a run without rounds);
+* ``confidence``: per sample, ``w_i = (p_i - 1/C) / (1 - 1/C)`` with ``p_i = max_y p(y|x_i)``
+  the model's own confidence (no gradient; :func:`fea_sample_weights`): a sample on the
+  decision boundary gets no push, a confident one the full push, so the alignment leaves the
+  borderline samples, those a few labels can still flip, to the NLL.
+
+Why: the alignment sharpens the target's *current* predictions. Where the source classifier
+is below chance on the target (two-class SURF amazon->webcam, laptop vs monitor: 27-37 % before
+the first label) it entrenches wrong predictions; a gate holds it back until training (``dann``)
+or the labels (``labels``) have had their say. BENCHMARKS.md, "Two-class tasks".
+"""
+
+
+def fea_gate_weight(gate: str, progress: float, labeled_share: float = 1.0) -> float:
+    """The weight ``w`` of ``L_fea`` under ``gate`` (:data:`FEA_GATES`).
+
+    Args:
+        gate: ``"none"``, ``"dann"`` or ``"labels"``.
+        progress: the share of the run's training steps done, in ``[0, 1]`` (``dann``).
+        labeled_share: the share of the run's planned target labels given, in ``[0, 1]``
+            (``labels``).
+
+    Example:
+        >>> fea_gate_weight("none", 0.0), fea_gate_weight("dann", 0.0)
+        (1.0, 0.0)
+        >>> round(fea_gate_weight("dann", 0.2), 4), round(fea_gate_weight("dann", 1.0), 4)
+        (0.7616, 0.9999)
+        >>> fea_gate_weight("labels", 0.3, labeled_share=0.4)
+        0.4
+    """
+    for name, v in (("progress", progress), ("labeled_share", labeled_share)):
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"fea_gate_weight: {name} must be in [0, 1]; got {v}")
+    if gate == "none":
+        return 1.0
+    if gate == "dann":
+        return 2.0 / (1.0 + math.exp(-10.0 * progress)) - 1.0
+    if gate == "labels":
+        return float(labeled_share)
+    if gate == "confidence":  # per sample: fea_sample_weights
+        return 1.0
+    raise ValueError(f"train.fea_gate must be one of {', '.join(FEA_GATES)}; got {gate!r}")
+
+
+def fea_sample_weights(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
+    """Per-sample weights of ``L_fea`` under ``train.fea_gate: confidence``:
+    ``w_i = (p_i - 1/C) / (1 - 1/C)`` with ``p_i = max_y softmax(-tau E_i)_y``, in ``[0, 1]``
+    (0 on the decision boundary, 1 for a certain prediction), without gradient.
+
+    Example:
+        >>> import torch
+        >>> fea_sample_weights(torch.tensor([[0.0, 0.0], [0.0, math.log(3.0)]]))
+        tensor([0.0000, 0.5000])
+    """
+    _check_energies(energies)
+    c = energies.shape[1]
+    if c < 2:
+        raise ValueError(f"fea_sample_weights needs at least 2 classes; got {c}")
+    p = torch.softmax(-tau * energies.detach().float(), dim=1).amax(dim=1)
+    return ((p - 1.0 / c) / (1.0 - 1.0 / c)).clamp(0.0, 1.0)
 
 
 class DeltaEstimator:

@@ -354,6 +354,8 @@ LEGACY_VALUES: dict[str, Any] = {
     "data.keep_classes": None,
     # 89cd03c: the bottleneck BatchNorm's affine parameters were always trained before
     "model.freeze_bottleneck_bn_affine": False,
+    # L_fea had no gate (weight 1 throughout) before train.fea_gate existed
+    "train.fea_gate": "none",
 }
 
 

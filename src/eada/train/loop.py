@@ -434,6 +434,9 @@ class ActiveDATrainer:
         # per-epoch Delta / L_fea means and the runaway warnings found in them (model lifetime)
         self.alignment_log: list[dict[str, float]] = []
         self.alignment_warnings: list[dict[str, Any]] = []
+        # the weight of L_fea under train.fea_gate (eada.energy.fea_gate_weight), set by run()
+        # before every step; 1 (no gate) for steps taken outside run()
+        self.fea_weight = 1.0
         self.strategy_rng = np.random.default_rng(cfg.seed + 2)
         gen = torch.Generator().manual_seed(cfg.seed + 3)
         n_t = len(task.target)
@@ -533,11 +536,20 @@ class ActiveDATrainer:
         loss = t.delta_s * loss_s
         out = {"loss_source": float(loss_s.detach()), "delta": delta}
         if use_u:
-            loss_u = energy_ops.free_energy_alignment_loss(
-                energies[1], delta, tau=t.tau, alignment=t.alignment, scale=scale
-            )
-            loss = loss + t.gamma * loss_u
+            e_u = energies[1]
+            if t.fea_gate == "confidence":  # per-sample weights (eada.energy.fea_sample_weights)
+                per_sample = energy_ops.free_energy_alignment_loss(
+                    e_u, delta, tau=t.tau, alignment=t.alignment, scale=scale, reduction="none"
+                )
+                loss_u = (energy_ops.fea_sample_weights(e_u, t.tau) * per_sample).mean()
+            else:
+                loss_u = energy_ops.free_energy_alignment_loss(
+                    e_u, delta, tau=t.tau, alignment=t.alignment, scale=scale
+                )
+            loss = loss + t.gamma * self.fea_weight * loss_u
             out["loss_align"] = float(loss_u.detach())
+            if t.fea_gate != "none":
+                out["fea_weight"] = self.fea_weight
         if use_l:
             loss_l = energy_ops.energy_nll(energies[-1], yl.to(dev), tau=t.tau)
             loss = loss + t.delta_t * loss_l
@@ -810,6 +822,16 @@ class ActiveDATrainer:
             self.aux.load_state_dict(state["aux"])
 
     # -- the run ----------------------------------------------------------------------------
+    def fea_gate_weight(self, epochs_done: float) -> float:
+        """The weight of ``L_fea`` (``train.fea_gate``, :func:`eada.energy.fea_gate_weight`)
+        after ``epochs_done`` epochs of this run (fractional inside an epoch), given the target
+        labels so far against the plan's total."""
+        t = self.cfg.train
+        planned = sum(p["budget"] for p in self.plan)
+        share = 1.0 if planned == 0 else min(1.0, int(self.labeled_mask.sum()) / planned)
+        progress = min(1.0, max(0.0, epochs_done / t.epochs))
+        return energy_ops.fea_gate_weight(t.fea_gate, progress, share)
+
     def run(self, progress: Callable[[str], None] | None = None) -> RunResult:
         """Train for ``train.epochs`` epochs with the planned rounds; return the measurements."""
         cfg = self.cfg
@@ -831,7 +853,8 @@ class ActiveDATrainer:
                     stream.restart()
                 steps = self.steps_per_epoch()  # over the current unlabeled pool
             sums: dict[str, float] = {}
-            for _ in range(steps):
+            for i in range(steps):
+                self.fea_weight = self.fea_gate_weight(epoch - 1 + i / steps)
                 for k, v in self.train_step().items():
                     sums[k] = sums.get(k, 0.0) + v
             if self.world > 1:  # losses averaged over the ranks (each saw its own batches)
