@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -35,6 +36,16 @@ def _forget_thread_flag() -> Iterator[None]:
 LABEL_STUDIO_VENV = Path(
     __import__("os").environ.get("EADA_LABEL_STUDIO_VENV", str(REPO / ".venv-labelstudio"))
 )
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for the test (tiny convolutions on a shared 2-core machine run far
+    faster so); the previous count restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

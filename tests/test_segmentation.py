@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -53,12 +52,8 @@ REAL = REPO / "configs" / "gtav_cityscapes.yaml"
 
 
 @pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny convs on a shared 2-core machine run far faster on one thread."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread: None) -> None:
+    """Every test of this file on one torch thread (conftest's ``one_thread``)."""
 
 
 # -- metrics -----------------------------------------------------------------------------------

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
 import yaml
 from PIL import Image
 
@@ -34,11 +32,8 @@ FILES = ("runs.jsonl", "meta.json", "results.json", "config.json")
 
 
 @pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread: None) -> None:
+    """Every test of this file on one torch thread (conftest's ``one_thread``)."""
 
 
 def _png(path: Path, arr: np.ndarray) -> None:

@@ -176,27 +176,22 @@ def _note_pool(proj: Any) -> None:
 def _cmd_target_scan(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.scan_target(progress=_log)
-    if out.get("unit") == "rows":
-        console.print(
-            f"target scan of {args.store}: {len(out['new'])} new row(s) registered, "
-            f"{len(out['returned'])} returned, {len(out['vanished'])} vanished (left out of the "
-            f"pool); the pool holds {out['n_target']} samples",
-            soft_wrap=True,
-        )
-        for k in out["vanished"]:
-            console.print(f"  vanished: {k}", soft_wrap=True, highlight=False)
-        _say_next(next_command(proj.next_action(), args.store, proj))
-        return 0
+    rows = out.get("unit") == "rows"
+    tail = (
+        ""
+        if rows
+        else f", {len(out['bad'])} unreadable (not registered); features extracted for "
+        f"{out['extracted']} image(s)"
+    )
     console.print(
-        f"target scan of {args.store}: {len(out['new'])} new file(s) registered, "
-        f"{len(out['returned'])} returned, {len(out['vanished'])} vanished (left out of the "
-        f"pool), {len(out['bad'])} unreadable (not registered); features extracted for "
-        f"{out['extracted']} image(s); the pool holds {out['n_target']} samples",
+        f"target scan of {args.store}: {len(out['new'])} new {'row' if rows else 'file'}(s) "
+        f"registered, {len(out['returned'])} returned, {len(out['vanished'])} vanished (left "
+        f"out of the pool){tail}; the pool holds {out['n_target']} samples",
         soft_wrap=True,
     )
     for p in out["vanished"]:
         console.print(f"  vanished: {p}", soft_wrap=True, highlight=False)
-    for p, why in out["bad"].items():
+    for p, why in ({} if rows else out["bad"]).items():
         console.print(f"  unreadable: {p} ({why})", soft_wrap=True, highlight=False)
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
