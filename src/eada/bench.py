@@ -83,7 +83,7 @@ COMPLEXITY: dict[str, tuple[str, str]] = {
     "free_energy": ("O(N log N)", "O(N + B log B)"),
     # not in the EADA paper's table (later methods): K = LAS neighbours, k = kappa (DUC)
     "duc": ("-", "O(NC + kB log kB)"),
-    "las": ("-", "O(D N^2 + NKC + B^2 M D T)"),
+    "las": ("-", "O(D N^2 [exact, N < 50k] or D N log N [faiss] + NKC + B^2 M D T)"),
 }
 
 
