@@ -113,6 +113,22 @@ def test_changed_config_for_a_stored_run_is_an_error(tmp_path: Path) -> None:
         bench.run_grid(changed, tmp_path)
 
 
+def test_a_diverging_cell_is_a_clear_error_naming_it(tmp_path: Path, capsys) -> None:
+    """A run whose training stops being finite ends the grid with one `error:` line naming the
+    cell (exit 2), after the cells before it were stored; not an 'unexpected ... bug' report."""
+    from eada.cli import main
+
+    tiny = [a for o in TINY for a in ("--set", o)]
+    code = main(["bench", "toy", "--methods", "random", "--seeds", "0", "--out", str(tmp_path),
+                 "--jobs", "1", *tiny, "--set", "optim.name=sgd",
+                 "--sweep", "optim.lr=0.1,1e38"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "error: training diverged: toy / random [lr=1e38] / seed 0: non-finite" in err, err
+    assert len(read_jsonl(tmp_path / "runs.jsonl")) == 1  # the lr=0.1 cell, stored
+    assert "bug in eada" not in err
+
+
 def test_target_supervised_trains_on_every_target_label(tmp_path: Path) -> None:
     runs = bench.build_grid(["toy"], ["target_supervised"], [0], TINY)
     (rec,) = bench.run_grid(runs, tmp_path)

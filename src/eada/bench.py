@@ -421,7 +421,13 @@ def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, 
     stats = DomainStatsRecorder(n_free_energy=BENCH_FREE_ENERGIES, seed=run.seed)
     cbs = [*(cbs or []), stats]  # compact domain statistics for the report (histograms, toy)
     inputs = grid_inputs(run)
-    result = run_once(run.config, _CACHE.get(run.config), callbacks=cbs, record_stats=False)
+    try:
+        result = run_once(run.config, _CACHE.get(run.config), callbacks=cbs, record_stats=False)
+    except FloatingPointError as err:  # name the cell; the finished ones are in the log
+        raise FloatingPointError(
+            f"{_run_label(run)}: {err} (the cells finished before it are kept in {log}; leave "
+            "this cell out with --methods, --seeds or --sweep to go on)"
+        ) from err
     result["results"]["domain_stats"] = stats.data
     rec = run_record(run, result, code)
     rec["inputs"] = inputs

@@ -1,11 +1,13 @@
 """What the ``eada`` command says when something goes wrong: one place maps every error a user
 can cause (bad config, bad input file, a locked, read-only, damaged or full store, missing
-files) to one clear message and exit status 2; anything else is a bug, whose traceback goes to
-a log file that the message names (exit status 1).
+files, a training run that diverged) to one clear message and exit status 2; anything else is
+a bug, whose traceback goes to a log file that the message names (exit status 1).
 
 Example:
     >>> user_message(FileExistsError(17, "File exists", "out.csv"))
     'file exists: out.csv'
+    >>> user_message(FloatingPointError("loss became nan; lower the learning rate"))
+    'training diverged: loss became nan; lower the learning rate'
     >>> user_message(KeyError("x")) is None
     True
 """
@@ -74,6 +76,8 @@ def user_message(err: BaseException, store: str | Path | None = None) -> str | N
             hint = _OS_HINTS.get(err.errno or 0)
             return f"{what}: {name}" + (f" ({hint})" if hint else "")
         return None
+    if isinstance(err, FloatingPointError):  # a run whose loss or energies stopped being finite
+        return f"training diverged{at}: {err}"
     if isinstance(err, ValueError | OverflowError | MemoryError):
         text = str(err) or type(err).__name__
         return text if isinstance(err, ValueError) else f"{type(err).__name__}{at}: {text}"
