@@ -404,7 +404,7 @@ def verdict(summary: dict[str, Any], row: str = "EADA (default)") -> str:
         item = f"{label} ({c['mean']:.1f}; {best} {t['cells'][best]['mean']:.1f}, {gap:+.1f})"
         if row in t["winner"]:
             wins.append(item)
-        elif c["rank"] <= 3:
+        elif c["rank"] < 4:  # 2nd or 3rd, or tied with the 4th (an average rank of 3.5)
             close.append(item + f", rank {c['rank']:g}")
         else:
             behind.append(item + f", rank {c['rank']:g}")
@@ -413,7 +413,7 @@ def verdict(summary: dict[str, Any], row: str = "EADA (default)") -> str:
             below_random.append(f"{label} ({c['mean']:.1f} vs {rnd['mean']:.1f})")
     parts = [
         f"- **{row} wins {len(wins)}**: " + ("; ".join(wins) or "none"),
-        f"- **ranks 2-3 on {len(close)}**: " + ("; ".join(close) or "none"),
+        f"- **ranks 2-3 (ties to 3.5) on {len(close)}**: " + ("; ".join(close) or "none"),
         f"- **loses (rank 4 or worse) on {len(behind)}**: " + ("; ".join(behind) or "none"),
         f"- below Random on {len(below_random)}: " + ("; ".join(below_random) or "none"),
     ]
