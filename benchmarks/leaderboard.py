@@ -364,7 +364,8 @@ def markdown(summary: dict[str, Any]) -> str:
         for r in summary["rows"]:
             c = t["cells"][r["label"]]
             if "mean" not in c:
-                line.append("–" if not c["seeds"] else f"({len(c['seeds'])} seeds)")
+                n = len(c["seeds"])
+                line.append("–" if not n else f"({n} seed{'s' if n > 1 else ''})")
                 continue
             rank = f" ({c['rank']:g})" if "rank" in c else ""
             text = f"{c['mean']:.1f} ± {c['std']:.1f}{rank}"
