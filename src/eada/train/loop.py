@@ -827,8 +827,10 @@ class ActiveDATrainer:
         after ``epochs_done`` epochs of this run (fractional inside an epoch), given the target
         labels so far against the plan's total."""
         t = self.cfg.train
-        planned = sum(p["budget"] for p in self.plan)
-        share = 1.0 if planned == 0 else min(1.0, int(self.labeled_mask.sum()) / planned)
+        share = 1.0  # counted only for the gate that reads it: this runs before every step
+        planned = sum(p["budget"] for p in self.plan) if t.fea_gate == "labels" else 0
+        if planned:
+            share = min(1.0, int(self.labeled_mask.sum()) / planned)
         progress = min(1.0, max(0.0, epochs_done / t.epochs))
         return energy_ops.fea_gate_weight(t.fea_gate, progress, share)
 
