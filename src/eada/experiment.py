@@ -20,19 +20,12 @@ from eada.data.identity import data_inputs
 from eada.data.tasks import Task, load_task
 from eada.distributed import broadcast_object, rank_world
 from eada.runs import (
-    START_AFRESH,
     OtherConfigError,
-    append_jsonl,
-    check_same_config,
-    check_same_data,
+    SeedFolder,
     collect_warnings,
-    describe_reused,
-    environment_info,
-    read_jsonl,
-    run_meta,
+    open_seed_folder,
     summarize,
     write_json,
-    write_json_if_changed,
 )
 from eada.threads import thread_record
 from eada.train import ActiveDATrainer
@@ -146,35 +139,21 @@ def run_seeds(
     records and returns the summary (the other ranks return ``{}``)."""
     configs = {s: make_config(s) for s in seeds}  # validate every config before any work
     rank, world = rank_world()
-    log = out_dir / "runs.jsonl"
-    done: dict[int, Any] = {}
+    folder: SeedFolder | None = None
     problem = None
-    inputs: dict[str, Any] = {}
     if rank == 0:  # under torchrun only rank 0 reads and writes the records
-        records = read_jsonl(log)
         first = configs[seeds[0]]
         try:
-            check_same_config(records, first.resolved(), out_dir)
             inputs = data_inputs(first.data, first.model)  # the data's identity, hashed once
-            check_same_data(records, inputs, out_dir, START_AFRESH)
+            folder = open_seed_folder(
+                out_dir, first.resolved(), inputs, seeds, progress, {"world_size": world}
+            )
         except OtherConfigError as err:
             problem = str(err)
     problem = broadcast_object(problem)  # every rank stops together
     if problem is not None:
         raise OtherConfigError(problem)
-    meta: dict[str, Any] = {}
-    if rank == 0:
-        done = {r["seed"]: r for r in records}
-    todo = broadcast_object([s for s in seeds if s not in done])
-    if rank == 0:
-        reused = [done[s] for s in seeds if s in done]
-        if reused and progress:  # stored runs keep their own meta (commit, command, time)
-            progress(f"{describe_reused(reused)} ({log})")
-        if todo:  # the folder's meta describes the last command that trained in it
-            out_dir.mkdir(parents=True, exist_ok=True)
-            write_json(out_dir / "config.json", configs[seeds[0]].resolved())
-            meta = {**environment_info(), "world_size": world}
-            write_json(out_dir / "meta.json", meta)
+    todo = broadcast_object(folder.todo if folder is not None else None)
     for seed in todo:
         if progress and rank == 0:
             progress(f"seed {seed}")
@@ -185,24 +164,16 @@ def run_seeds(
             progress=progress if rank == 0 else None,
             record_stats=rank == 0,
         )
-        if rank == 0:
-            run["inputs"] = inputs
-            run["meta"] = run_meta(meta)
-            append_jsonl(log, run)
-        done[seed] = run
-    if rank != 0:
+        if folder is not None:
+            folder.record(seed, run)
+    if folder is None:
         return {}
     if todo:  # the count the runs trained with (chosen per model once it was built)
-        write_json(out_dir / "meta.json", {**meta, "threads": thread_record()})
-    runs = [done[s] for s in seeds]
+        write_json(out_dir / "meta.json", {**folder.meta, "threads": thread_record()})
     summary = {
         "name": configs[seeds[0]].name,
         "strategy": configs[seeds[0]].active.strategy,
-        **summarize_runs(runs),
+        **summarize_runs([folder.done[s] for s in seeds]),
     }
-    results = out_dir / "results.json"
-    if todo:
-        write_json(results, summary)
-    else:
-        write_json_if_changed(results, summary)  # (unchanged when every run was reused)
+    folder.write_results(summary)
     return summary

@@ -13,8 +13,9 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -520,6 +521,70 @@ def check_same_config(records: list[dict[str, Any]], current: dict[str, Any], wh
                 f"{where} holds runs of another config (seed {rec.get('seed')}: {shown}); "
                 "results would be mixed: use another --out (or remove that folder)"
             )
+
+
+@dataclass
+class SeedFolder:
+    """A run folder opened for a list of seeds (:func:`open_seed_folder`): the stored runs it
+    reuses (``done``), the seeds left to train (``todo``), the data identity and the meta every
+    new record carries."""
+
+    out_dir: Path
+    done: dict[int, dict[str, Any]]
+    todo: list[int]
+    inputs: dict[str, Any]
+    meta: dict[str, Any]
+
+    def record(self, seed: int, run: dict[str, Any]) -> None:
+        """Stamp a finished run with the data identity and its own meta; append it to
+        ``runs.jsonl`` (one line, so a killed command keeps every finished seed)."""
+        run["inputs"] = self.inputs
+        run["meta"] = run_meta(self.meta)
+        append_jsonl(self.out_dir / "runs.jsonl", run)
+        self.done[seed] = run
+
+    def write_results(self, summary: dict[str, Any]) -> None:
+        """Write ``results.json`` (left untouched when every run was reused and nothing
+        changed, so a reusing command never restamps it)."""
+        write_json_if_changed(self.out_dir / "results.json", summary)
+
+
+def open_seed_folder(
+    out_dir: Path,
+    resolved: dict[str, Any],
+    inputs: dict[str, Any],
+    seeds: list[int],
+    progress: Callable[[str], None] | None = None,
+    meta_extra: dict[str, Any] | None = None,
+) -> SeedFolder:
+    """Open ``out_dir`` to run ``seeds`` of the config ``resolved`` on the data ``inputs``
+    (the shared start of ``eada run`` and ``eada seg run``).
+
+    Stored runs are reused only when made with the same config (every key but the seed) on the
+    same data; they keep their own meta, and ``progress`` is told "reused N runs made at ... by
+    commit ...". When seeds remain, ``config.json`` and ``meta.json`` (this command's
+    :func:`environment_info` plus ``meta_extra``) are written before any training.
+
+    Raises:
+        OtherConfigError: the folder holds runs of another config.
+        OtherDataError: the folder holds runs made on other data (or of unrecorded data).
+    """
+    log = out_dir / "runs.jsonl"
+    records = read_jsonl(log)
+    check_same_config(records, resolved, out_dir)  # never mix configs
+    check_same_data(records, inputs, out_dir, START_AFRESH)  # nor data
+    done = {r["seed"]: r for r in records}
+    todo = [s for s in seeds if s not in done]
+    reused = [done[s] for s in seeds if s in done]
+    if reused and progress:  # stored runs keep their own meta (commit, command, time)
+        progress(f"{describe_reused(reused)} ({log})")
+    meta: dict[str, Any] = {}
+    if todo:  # the folder's meta describes the last command that trained in it
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "config.json", resolved)
+        meta = {**environment_info(), **(meta_extra or {})}
+        write_json(out_dir / "meta.json", meta)
+    return SeedFolder(out_dir, done, todo, inputs, meta)
 
 
 def parse_seeds(spec: str) -> list[int]:

@@ -45,18 +45,9 @@ from torch.utils.data import DataLoader, Subset
 
 from eada import energy as energy_ops
 from eada.runs import (
-    START_AFRESH,
-    append_jsonl,
-    check_same_config,
-    check_same_data,
     collect_warnings,
-    describe_reused,
-    environment_info,
-    read_jsonl,
-    run_meta,
+    open_seed_folder,
     summarize,
-    write_json,
-    write_json_if_changed,
 )
 from eada.segmentation.config import SegActiveConfig, SegExperimentConfig, SegOptimConfig
 from eada.segmentation.data import (
@@ -547,42 +538,20 @@ def _run_seg_seeds(
     out_dir: Path,
     progress: Callable[[str], None] | None,
 ) -> dict[str, Any]:
-    log = out_dir / "runs.jsonl"
-    records = read_jsonl(log)
     first = configs[seeds[0]]
-    check_same_config(records, first.resolved(), out_dir)  # never mix configs
     inputs = seg_data_inputs(first.data, first.model)  # the data's identity, taken once
-    check_same_data(records, inputs, out_dir, START_AFRESH)
-    done = {r["seed"]: r for r in records}
-    todo = [s for s in seeds if s not in done]
-    reused = [done[s] for s in seeds if s in done]
-    if reused and progress:  # stored runs keep their own meta (commit, command, time)
-        progress(f"{describe_reused(reused)} ({log})")
-    meta: dict[str, Any] = {}
-    if todo:  # the folder's meta describes the last command that trained in it
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json(out_dir / "config.json", first.resolved())
-        meta = environment_info()
-        write_json(out_dir / "meta.json", meta)
+    folder = open_seed_folder(out_dir, first.resolved(), inputs, seeds, progress)
     task = None
-    for seed in todo:
+    for seed in folder.todo:
         if progress:
             progress(f"seed {seed}")
         task = task if task is not None else load_seg_task(configs[seed].data)
-        run = run_seg_once(configs[seed], task, progress)
-        run["inputs"] = inputs
-        run["meta"] = run_meta(meta)
-        append_jsonl(log, run)
-        done[seed] = run
-    runs = [done[s] for s in seeds]
+        folder.record(seed, run_seg_once(configs[seed], task, progress))
     summary = {
         "name": configs[seeds[0]].name,
         "task": "segmentation",
         "strategy": configs[seeds[0]].active.strategy,
-        **summarize_seg_runs(runs),
+        **summarize_seg_runs([folder.done[s] for s in seeds]),
     }
-    if todo:
-        write_json(out_dir / "results.json", summary)
-    else:
-        write_json_if_changed(out_dir / "results.json", summary)  # every run was reused
+    folder.write_results(summary)
     return summary
