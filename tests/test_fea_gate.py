@@ -35,12 +35,13 @@ def test_gate_weights_follow_their_formulas(p: float) -> None:
     assert fea_gate_weight("dann", p) == pytest.approx(2 / (1 + math.exp(-10 * p)) - 1)
     assert fea_gate_weight("labels", 0.9, labeled_share=p) == pytest.approx(p)
     assert fea_gate_weight("dann", 0.0) == 0.0
+    assert fea_gate_weight("zero", p, 1.0) == 0.0
 
 
 @pytest.mark.parametrize(
     ("gate", "progress", "share", "words"),
     [
-        ("ramp", 0.5, 1.0, "train.fea_gate must be one of none, dann, labels, confidence"),
+        ("ramp", 0.5, 1.0, "train.fea_gate must be one of none, dann, labels, confidence, zero"),
         ("dann", 1.5, 1.0, "progress must be in [0, 1]"),
         ("labels", 0.5, -0.1, "labeled_share must be in [0, 1]"),
     ],
@@ -51,7 +52,7 @@ def test_gate_weight_refuses_bad_input(gate: str, progress: float, share: float,
 
 
 def test_config_validates_the_gate_and_old_records_mean_no_gate() -> None:
-    assert set(FEA_GATES) == {"none", "dann", "labels", "confidence"}
+    assert set(FEA_GATES) == {"none", "dann", "labels", "confidence", "zero"}
     assert TrainConfig(fea_gate="labels").fea_gate == "labels"
     with pytest.raises(ValueError, match="fea_gate"):
         TrainConfig(fea_gate="ramp")  # type: ignore[arg-type]
@@ -120,3 +121,30 @@ def test_confidence_gate_weights_each_sample_of_the_loss() -> None:
         e, -1.0, alignment="normalized", scale=alignment_scale(e), reduction="none"
     )
     assert (fea_sample_weights(e) * per).mean() <= per.mean()
+
+
+def test_no_fea_is_paired_it_trains_on_eada_s_batches_without_the_term() -> None:
+    """``eada_no_fea`` (``train.fea_gate: zero``) draws EADA's unlabeled batches and random
+    numbers, so under one seed it sees the same source batches as EADA; its loss is the NLL
+    alone. ``train.gamma: 0`` draws no unlabeled batch, so the streams' shared generator is at
+    another point when the source reshuffles, and its source batches differ from then on."""
+    no_fea = ActiveDATrainer(
+        cfg := preset_config("toy", "eada_no_fea", 0, FAST), load_task(cfg.data, 0)
+    )
+    assert cfg.train.fea_gate == "zero" and cfg.train.gamma > 0
+    assert preset_config("toy", "eada", 0, [*FAST, "train.fea_gate=zero"]).train == cfg.train
+    eada, gamma0 = _trainer([]), _trainer(["train.gamma=0"])
+    steps = eada.source_stream.batches_per_pass + 1  # past the source's first reshuffle
+    for _ in range(steps):
+        out = no_fea.train_step()
+        ref = eada.train_step()
+        gamma0.train_step()
+        assert out["loss_align"] > 0 and out["loss"] == out["loss_source"]  # the term is off
+        assert ref["loss"] > ref["loss_source"]
+    x_off, x_eada, x_g0 = (t.source_stream.next()[0] for t in (no_fea, eada, gamma0))
+    assert torch.equal(x_off, x_eada)  # paired: the same draws as EADA
+    assert not torch.equal(x_g0, x_eada)  # gamma = 0: the reshuffle drew other numbers
+    assert no_fea.delta.steps == eada.delta.steps == steps  # Delta still tracked (and logged)
+    w_off = next(no_fea.model.parameters()).detach()
+    w_eada = next(eada.model.parameters()).detach()
+    assert not torch.equal(w_off, w_eada)  # L_fea moved EADA's weights, not no_fea's

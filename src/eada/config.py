@@ -235,7 +235,9 @@ class TrainConfig(_Strict):
     ``fea_gate``: the weight ``w`` in ``gamma * w * L_fea`` (:data:`eada.energy.FEA_GATES`):
     ``none`` (``w = 1``, the default and the paper), ``dann`` (``2 / (1 + exp(-10 p)) - 1``
     over the share ``p`` of the run's training steps), ``labels`` (the share of the run's
-    planned target labels given) or ``confidence`` (per sample ``(p_max - 1/C) / (1 - 1/C)``).
+    planned target labels given), ``confidence`` (per sample ``(p_max - 1/C) / (1 - 1/C)``) or
+    ``zero`` (``w = 0``: the unlabeled batches are drawn and passed through the model as in EADA,
+    but ``L_fea`` adds nothing to the loss; the paired ablation ``eada_no_fea``).
     ``dann`` and ``labels`` count within one trainer run (``ActiveDATrainer.run``: one seed of
     ``eada run``, or one ``eada train`` call of a project store, against the config's planned
     rounds; with none planned ``labels`` gives ``w = 1``).
@@ -275,9 +277,10 @@ class TrainConfig(_Strict):
     alignment: Literal["paper", "centered", "balanced", "normalized"] = "normalized"
     # the weight w in gamma * w * L_fea (eada.energy.FEA_GATES): none (w = 1, the paper), dann
     # (w = 2 / (1 + exp(-10 p)) - 1 over the share p of training steps done) or labels (w = the
-    # share of the planned target labels given) or confidence (per sample, the model's own
-    # confidence above chance, 0..1); BENCHMARKS.md "Two-class tasks"
-    fea_gate: Literal["none", "dann", "labels", "confidence"] = "none"
+    # share of the planned target labels given), confidence (per sample, the model's own
+    # confidence above chance, 0..1) or zero (w = 0: EADA w/o L_fea on EADA's own batches, the
+    # paired ablation eada_no_fea); BENCHMARKS.md "Two-class tasks"
+    fea_gate: Literal["none", "dann", "labels", "confidence", "zero"] = "none"
 
 
 class ActiveConfig(_Strict, RoundSchedule):

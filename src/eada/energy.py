@@ -375,7 +375,7 @@ def free_energy_alignment_loss(
     return per_sample.sum() if reduction == "sum" else per_sample.mean()
 
 
-FEA_GATES = ("none", "dann", "labels", "confidence")
+FEA_GATES = ("none", "dann", "labels", "confidence", "zero")
 """The gates of ``L_fea`` (``train.fea_gate``): the weight ``w`` in ``gamma * w * L_fea``.
 
 * ``none``: ``w = 1`` throughout (the paper and every run before the option existed);
@@ -388,7 +388,14 @@ FEA_GATES = ("none", "dann", "labels", "confidence")
 * ``confidence``: per sample, ``w_i = (p_i - 1/C) / (1 - 1/C)`` with ``p_i = max_y p(y|x_i)``
   the model's own confidence (no gradient; :func:`fea_sample_weights`): a sample on the
   decision boundary gets no push, a confident one the full push, so the alignment leaves the
-  borderline samples, those a few labels can still flip, to the NLL.
+  borderline samples, those a few labels can still flip, to the NLL;
+* ``zero``: ``w = 0``: ``L_fea`` is computed on the unlabeled batches (logged, and ``Delta``
+  still drawn) but adds nothing to the loss. This is EADA without ``L_fea`` as a *paired*
+  ablation (the ``eada_no_fea`` method): the run draws the same batches and random numbers as
+  EADA under the same seed, and the unlabeled batches still pass through the model in training
+  mode (so batch-norm statistics see them, as in EADA), so the only change is the loss term.
+  ``train.gamma: 0`` instead draws no unlabeled batch at all, so under the same seed it trains
+  on other source batches (BENCHMARKS.md "A paired ablation of ``L_fea``").
 
 Why: the alignment sharpens the target's *current* predictions. Where the source classifier
 is below chance on the target (two-class SURF amazon->webcam, laptop vs monitor: 27-37 % before
@@ -401,7 +408,8 @@ def fea_gate_weight(gate: str, progress: float, labeled_share: float = 1.0) -> f
     """The weight ``w`` of ``L_fea`` under ``gate`` (:data:`FEA_GATES`).
 
     Args:
-        gate: ``"none"``, ``"dann"`` or ``"labels"``.
+        gate: one of :data:`FEA_GATES` (``"confidence"`` gives 1 here, its weights are per
+            sample: :func:`fea_sample_weights`; ``"zero"`` gives 0).
         progress: the share of the run's training steps done, in ``[0, 1]`` (``dann``).
         labeled_share: the share of the run's planned target labels given, in ``[0, 1]``
             (``labels``).
@@ -413,6 +421,8 @@ def fea_gate_weight(gate: str, progress: float, labeled_share: float = 1.0) -> f
         (0.7616, 0.9999)
         >>> fea_gate_weight("labels", 0.3, labeled_share=0.4)
         0.4
+        >>> fea_gate_weight("zero", 0.5)
+        0.0
     """
     for name, v in (("progress", progress), ("labeled_share", labeled_share)):
         if not 0.0 <= v <= 1.0:
@@ -425,6 +435,8 @@ def fea_gate_weight(gate: str, progress: float, labeled_share: float = 1.0) -> f
         return float(labeled_share)
     if gate == "confidence":  # per sample: fea_sample_weights
         return 1.0
+    if gate == "zero":
+        return 0.0
     raise ValueError(f"train.fea_gate must be one of {', '.join(FEA_GATES)}; got {gate!r}")
 
 

@@ -87,8 +87,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "source_only": {"active": {"strategy": "none"}, "train": {"gamma": 0.0}},
     "random": {"active": {"strategy": "random"}, "train": {"gamma": 0.0}},
     "eada": {"active": {"strategy": "eada"}},
-    # ablations (paper Fig. 4b): EADA selection without the alignment loss, and the converse
-    "eada_no_fea": {"active": {"strategy": "eada"}, "train": {"gamma": 0.0}},
+    # ablations (paper Fig. 4b): EADA selection without the alignment loss, and the converse.
+    # w/o L_fea is paired: L_fea weighted 0 on EADA's own batches (train.fea_gate: zero), so only
+    # the loss term changes (train.gamma: 0 would draw no unlabeled batch: other source batches)
+    "eada_no_fea": {"active": {"strategy": "eada"}, "train": {"fea_gate": "zero"}},
     "random_fea": {"active": {"strategy": "random"}},
     "eada_no_f": {"active": {"strategy": "mvsm"}},
     "eada_no_u": {"active": {"strategy": "free_energy"}},

@@ -435,8 +435,8 @@ class ActiveDATrainer:
         self.alignment_log: list[dict[str, float]] = []
         self.alignment_warnings: list[dict[str, Any]] = []
         # the weight of L_fea under train.fea_gate (eada.energy.fea_gate_weight), set by run()
-        # before every step; 1 (no gate) for steps taken outside run()
-        self.fea_weight = 1.0
+        # before every step; outside run() 0 under the gate "zero", else 1 (no gate)
+        self.fea_weight = 0.0 if cfg.train.fea_gate == "zero" else 1.0
         self.strategy_rng = np.random.default_rng(cfg.seed + 2)
         gen = torch.Generator().manual_seed(cfg.seed + 3)
         n_t = len(task.target)
@@ -546,7 +546,8 @@ class ActiveDATrainer:
                 loss_u = energy_ops.free_energy_alignment_loss(
                     e_u, delta, tau=t.tau, alignment=t.alignment, scale=scale
                 )
-            loss = loss + t.gamma * self.fea_weight * loss_u
+            if self.fea_weight != 0.0:  # 0 (gate zero, dann at the start): no term, not 0 * it
+                loss = loss + t.gamma * self.fea_weight * loss_u
             out["loss_align"] = float(loss_u.detach())
             if t.fea_gate != "none":
                 out["fea_weight"] = self.fea_weight
