@@ -100,7 +100,7 @@ def cosine_neighbours(
     sims = torch.empty(n, k)
     idx = torch.empty(n, k, dtype=torch.long)
     for start in range(0, n, block):
-        s, i = torch.topk(z[start : start + block] @ z.T, k=take, dim=1)
+        s, i = _most_similar(z, z[start : start + block], take)
         first = 1 if exclude_first else 0
         sims[start : start + block] = s[:, first:]
         idx[start : start + block] = i[:, first:]
@@ -177,14 +177,17 @@ def faiss_neighbours(
     missing = idx < 0  # fewer than k + 1 found (not expected with efSearch >= k + 1)
     if missing.any():
         bad = np.flatnonzero(missing.any(axis=1))
-        s_ex, i_ex = _exact_rows(z, bad, k + 1)
+        s_ex, i_ex = _most_similar(z, z[torch.from_numpy(bad)], k + 1)
         sims[bad], idx[bad] = s_ex[:, 1:].numpy(), i_ex[:, 1:].numpy()
     return torch.from_numpy(np.ascontiguousarray(sims)), torch.from_numpy(idx.astype(np.int64))
 
 
-def _exact_rows(z: torch.Tensor, rows: np.ndarray, take: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``take`` most similar rows of normalised ``z`` for the given rows, exactly."""
-    return torch.topk(z[torch.from_numpy(rows)] @ z.T, k=take, dim=1)
+def _most_similar(
+    z: torch.Tensor, queries: torch.Tensor, take: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``take`` rows of normalised ``z`` most similar to each of ``queries``, exactly
+    (similarities and indices, most similar first)."""
+    return torch.topk(queries @ z.T, k=take, dim=1)
 
 
 def _note(msg: str) -> None:
