@@ -12,7 +12,9 @@ Two-class tasks built from the in-repo data with ``data.keep_classes``:
   frozen features confuses most.
 
 Each task runs EADA with the default ``normalized`` alignment, with the paper's ``paper``
-alignment and without ``L_fea`` (``eada_no_fea``), seeds 0-2 by default; one ``runs.jsonl`` a
+alignment and without ``L_fea`` (``eada_no_fea``: paired, ``L_fea`` weighted 0 on EADA's own
+batches; ``no_fea_unpaired``, ``gamma = 0``, holds the records made before it was paired),
+seeds 0-2 by default; one ``runs.jsonl`` a
 task and variant under ``--out`` (resumable), the summary in ``OUT/summary.json``.
 
 Usage (repository root, ../shared/data beside it; one torch thread):
@@ -60,7 +62,10 @@ SURF_CLASSES = [
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "normalized": ("eada", ["train.alignment=normalized"]),
     "paper": ("eada", ["train.alignment=paper"]),
+    # w/o L_fea, paired (train.fea_gate: zero: EADA's batches, the term weighted 0); the records
+    # before it existed are the unpaired one (train.gamma: 0: no unlabeled batch drawn)
     "no_fea": ("eada_no_fea", ["train.alignment=normalized"]),
+    "no_fea_unpaired": ("eada", ["train.alignment=normalized", "train.gamma=0"]),
     # L_fea gated (train.fea_gate, eada.energy.FEA_GATES), added after the first three
     "normalized_dann": ("eada", ["train.alignment=normalized", "train.fea_gate=dann"]),
     "normalized_labels": ("eada", ["train.alignment=normalized", "train.fea_gate=labels"]),
@@ -123,7 +128,7 @@ def summarize(out: Path, tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "std": float(np.std(accs, ddof=1)) if len(accs) > 1 else None,
             }
         base = info["no_fea"]["mean"]
-        for v in ("normalized", "paper", *GATED):
+        for v in ("normalized", "paper", "no_fea_unpaired", *GATED):
             m = info[v]["mean"]
             info[v]["minus_no_fea"] = None if m is None or base is None else m - base
         tasks[name] = info
@@ -136,6 +141,7 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
         "task",
         "classes",
         "EADA w/o L_fea",
+        "w/o L_fea, unpaired (gamma 0)",
         "EADA paper",
         "EADA normalized (default)",
         "normalized - w/o",
@@ -160,6 +166,7 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
                 name,
                 " vs ".join(info["class_names"]),
                 cell(info["no_fea"]),
+                cell(info["no_fea_unpaired"]),
                 cell(info["paper"]),
                 cell(info["normalized"]),
                 diff(info["normalized"]),
@@ -171,15 +178,15 @@ def markdown(tasks: dict[str, dict[str, Any]]) -> str:
 
 
 def gates_markdown(out: Path, tasks: dict[str, dict[str, Any]]) -> str:
-    """The gated variants beside EADA w/o ``L_fea`` and the paired control of
-    ``two_class_diagnosis.py`` (``zero_weight``: ``L_fea`` weighted 0 on the default's random
-    stream); one row a task that has a gated run, mean over seeds 0-2 (differences to both)."""
+    """The gated variants beside EADA w/o ``L_fea`` (paired: ``L_fea`` weighted 0 on EADA's
+    own batches) and its unpaired form (``gamma = 0``, other batches); one row a task that has
+    a gated run, mean over seeds 0-2 (in brackets the difference to the paired w/o)."""
 
     def mean(folder: Path) -> float | None:
         accs = [last_acc(r) for r in read_runs(folder) if r["seed"] <= 2]
         return float(np.mean(accs)) if len(accs) == 3 else None
 
-    head = ["task", "w/o L_fea", "zero-weight control", "normalized (default)"]
+    head = ["task", "w/o L_fea", "w/o L_fea, unpaired (gamma 0)", "normalized (default)"]
     head += [f"{v.removeprefix('normalized_')} gate" for v in GATED]
     body = []
     for name, info in tasks.items():
@@ -187,20 +194,14 @@ def gates_markdown(out: Path, tasks: dict[str, dict[str, Any]]) -> str:
         gated = [mean(folder / v) for v in GATED]
         if all(g is None for g in gated):
             continue
-        base, ctrl = (
-            mean(folder / "no_fea"),
-            mean(out / "diagnosis" / info["folder"] / "zero_weight"),
-        )
+        base = mean(folder / "no_fea")
 
-        def cell(m: float | None, base: float | None = base, ctrl: float | None = ctrl) -> str:
+        def cell(m: float | None, base: float | None = base) -> str:
             if m is None:
                 return "–"
-            text = f"{m:.1f}" + ("" if base is None else f" ({m - base:+.1f}")
-            text += "" if ctrl is None else f"; {m - ctrl:+.1f}"
-            return text + ")" if base is not None else text
+            return f"{m:.1f}" + ("" if base is None else f" ({m - base:+.1f})")
 
-        row = [name, "–" if base is None else f"{base:.1f}"]
-        row += ["–" if ctrl is None else f"{ctrl:.1f} ({ctrl - base:+.1f})" if base else "–"]
+        row = [name, cell(base, None), cell(mean(folder / "no_fea_unpaired"))]
         row += [cell(mean(folder / "normalized")), *(cell(g) for g in gated)]
         body.append(row)
     return markdown_table(head, body)
@@ -374,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--gates-table",
         action="store_true",
-        help="print the gated variants beside w/o L_fea and the zero-weight control",
+        help="print the gated variants beside w/o L_fea (paired and unpaired)",
     )
     p.add_argument(
         "--resummarize",
