@@ -148,3 +148,34 @@ def test_no_fea_is_paired_it_trains_on_eada_s_batches_without_the_term() -> None
     w_off = next(no_fea.model.parameters()).detach()
     w_eada = next(eada.model.parameters()).detach()
     assert not torch.equal(w_off, w_eada)  # L_fea moved EADA's weights, not no_fea's
+
+
+@pytest.mark.parametrize("gate", ["dann", "labels"])
+def test_a_project_store_weighs_l_fea_as_one_simulated_run(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, gate: str
+) -> None:
+    """A project store trains its schedule in segments with no rounds of their own; the
+    ``dann`` and ``labels`` weights must still count over the whole schedule (the epochs and
+    the planned labels of the project's config), step for step as one run does. Before
+    :class:`eada.train.GateSchedule` a segment gave ``labels`` a weight of 1 throughout and
+    restarted ``dann``'s ramp at 0."""
+    from eada.store import init_project
+
+    seen: list[float] = []
+    weight = ActiveDATrainer.fea_gate_weight
+
+    def record(self: ActiveDATrainer, epochs_done: float) -> float:
+        seen.append(weight(self, epochs_done))
+        return seen[-1]
+
+    monkeypatch.setattr(ActiveDATrainer, "fea_gate_weight", record)
+    sets = ["data.n_per_class=60", "train.epochs=3", "active.rounds_at=[1,2]"]
+    cfg = preset_config("toy", "eada", 1, [*sets, "active.budget_per_round=5"])
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"fea_gate": gate})})
+    plain = ActiveDATrainer(cfg, load_task(cfg.data, 1)).run()
+    one_run, seen[:] = list(seen), []
+    proj = init_project(tmp_path / "p", cfg)
+    proj.run_simulated()
+    assert seen == pytest.approx(one_run) and len(seen) > 0
+    assert min(seen) == 0.0 and max(seen) > 0.5  # the ramp / the labels given, not 1 throughout
+    assert sorted(r["position"] for r in proj.store.current_labels()) == plain.labeled_indices

@@ -238,9 +238,10 @@ class TrainConfig(_Strict):
     planned target labels given), ``confidence`` (per sample ``(p_max - 1/C) / (1 - 1/C)``) or
     ``zero`` (``w = 0``: the unlabeled batches are drawn and passed through the model as in EADA,
     but ``L_fea`` adds nothing to the loss; the paired ablation ``eada_no_fea``).
-    ``dann`` and ``labels`` count within one trainer run (``ActiveDATrainer.run``: one seed of
-    ``eada run``, or one ``eada train`` call of a project store, against the config's planned
-    rounds; with none planned ``labels`` gives ``w = 1``).
+    ``dann`` and ``labels`` count over the config's whole schedule: its epochs and the target
+    labels its rounds plan (one seed of ``eada run``; a project store's ``eada train`` calls
+    are segments of it, :class:`eada.train.GateSchedule`); with no rounds planned ``labels``
+    gives ``w = 1``.
 
     ``forward``: ``separate`` runs one forward pass per stream (the reference code), ``fused``
     one pass over the concatenated batches with per-stream batch norm (same maths, see

@@ -350,6 +350,24 @@ def report_alignment_runaway(
         warnings.warn(f"{where}: {message}", category, stacklevel=3)
 
 
+@dataclass(frozen=True)
+class GateSchedule:
+    """Where a trainer run sits in a longer schedule, for ``train.fea_gate``'s ``dann`` and
+    ``labels`` weights: a project store trains its schedule in segments (one
+    :class:`ActiveDATrainer` run each, with no rounds of its own), and the gates must count
+    against the whole schedule, as one simulated run does.
+
+    Attributes:
+        epochs_before: epochs of the schedule trained before this run.
+        epochs: the schedule's epochs (``train.epochs`` of the project's config).
+        planned_labels: the target labels its rounds plan in all.
+    """
+
+    epochs_before: int
+    epochs: int
+    planned_labels: int
+
+
 @dataclass
 class RunResult:
     """Everything a run measured (JSON-ready via :meth:`to_dict`)."""
@@ -437,6 +455,8 @@ class ActiveDATrainer:
         # the weight of L_fea under train.fea_gate (eada.energy.fea_gate_weight), set by run()
         # before every step; outside run() 0 under the gate "zero", else 1 (no gate)
         self.fea_weight = 0.0 if cfg.train.fea_gate == "zero" else 1.0
+        # the longer schedule this run is a segment of (a project store's), for the gates
+        self.gate_schedule: GateSchedule | None = None
         self.strategy_rng = np.random.default_rng(cfg.seed + 2)
         gen = torch.Generator().manual_seed(cfg.seed + 3)
         n_t = len(task.target)
@@ -826,13 +846,18 @@ class ActiveDATrainer:
     def fea_gate_weight(self, epochs_done: float) -> float:
         """The weight of ``L_fea`` (``train.fea_gate``, :func:`eada.energy.fea_gate_weight`)
         after ``epochs_done`` epochs of this run (fractional inside an epoch), given the target
-        labels so far against the plan's total."""
+        labels so far against the plan's total; both counted over :attr:`gate_schedule` when
+        this run is a segment of one (a project store's ``eada train``)."""
         t = self.cfg.train
+        sched = self.gate_schedule
         share = 1.0  # counted only for the gate that reads it: this runs before every step
-        planned = sum(p["budget"] for p in self.plan) if t.fea_gate == "labels" else 0
+        planned = 0
+        if t.fea_gate == "labels":
+            planned = sched.planned_labels if sched else sum(p["budget"] for p in self.plan)
         if planned:
             share = min(1.0, int(self.labeled_mask.sum()) / planned)
-        progress = min(1.0, max(0.0, epochs_done / t.epochs))
+        before, total = (sched.epochs_before, sched.epochs) if sched else (0, t.epochs)
+        progress = min(1.0, max(0.0, (before + epochs_done) / total))
         return energy_ops.fea_gate_weight(t.fea_gate, progress, share)
 
     def run(self, progress: Callable[[str], None] | None = None) -> RunResult:
