@@ -384,7 +384,8 @@ FEA_GATES = ("none", "dann", "labels", "confidence", "zero")
   alignment starts at 0 while the target predictions are the source classifier's alone and
   reaches 0.76 at ``p = 0.2`` and 0.99 at ``p = 0.5``;
 * ``labels``: ``w = n_l / n_planned``, the share of the run's planned target labels already
-  given (0 before the first round, 1 after the last; 1 in a run without rounds);
+  given (0 before the first round, 1 after the last; 1 in a run without rounds; in a project
+  store, of the project's whole schedule, :class:`eada.train.GateSchedule`);
 * ``confidence``: per sample, ``w_i = (p_i - 1/C) / (1 - 1/C)`` with ``p_i = max_y p(y|x_i)``
   the model's own confidence (no gradient; :func:`fea_sample_weights`): a sample on the
   decision boundary gets no push, a confident one the full push, so the alignment leaves the
