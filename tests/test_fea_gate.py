@@ -179,3 +179,40 @@ def test_a_project_store_weighs_l_fea_as_one_simulated_run(
     assert seen == pytest.approx(one_run) and len(seen) > 0
     assert min(seen) == 0.0 and max(seen) > 0.5  # the ramp / the labels given, not 1 throughout
     assert sorted(r["position"] for r in proj.store.current_labels()) == plain.labeled_indices
+
+
+def test_the_default_is_the_labels_gate_and_the_paper_s_protocol_pins_none() -> None:
+    """The default gate is ``labels`` (BENCHMARKS.md "A paired ablation of L_fea"); every
+    config that trains the paper's loss (the authors' protocol, the toy of Fig. 5) pins
+    ``none``, as the authors train ``L_fea`` from the first step."""
+    from pathlib import Path
+
+    from eada.config import load_config
+
+    assert TrainConfig().fea_gate == "labels"
+    assert preset_config("toy", "eada", 0).train.fea_gate == "none"  # Fig. 5, the paper's loss
+    assert preset_config("digits/mnist-usps", "eada", 0).train.fea_gate == "labels"
+    paper = [
+        p for p in sorted(Path("configs").glob("*.yaml")) if "alignment: paper" in p.read_text()
+    ]
+    assert len(paper) >= 10
+    for path in paper:
+        cfg = load_config(path)
+        assert (cfg.train.alignment, cfg.train.fea_gate) == ("paper", "none"), path
+
+
+def test_a_project_made_before_the_gate_existed_keeps_no_gate(tmp_path) -> None:
+    """A project store whose stored config has no ``train.fea_gate`` (made before the option)
+    trained ``L_fea`` without a gate, and keeps doing so under the new default."""
+    import json
+
+    from eada.store import Project, init_project
+
+    cfg = preset_config("toy", "eada", 0, ["data.n_per_class=20", "train.fea_gate=labels"])
+    proj = init_project(tmp_path / "p", cfg)
+    raw = proj.store.get_json("config")
+    assert raw["train"]["fea_gate"] == "labels"  # a new project records its gate
+    del raw["train"]["fea_gate"]
+    with proj.store.transaction():
+        proj.store.set_meta("config", json.dumps(raw))
+    assert Project(tmp_path / "p").cfg.train.fea_gate == "none"

@@ -233,9 +233,11 @@ class TrainConfig(_Strict):
     :func:`eada.energy.centered_free_energy`.
 
     ``fea_gate``: the weight ``w`` in ``gamma * w * L_fea`` (:data:`eada.energy.FEA_GATES`):
-    ``none`` (``w = 1``, the default and the paper), ``dann`` (``2 / (1 + exp(-10 p)) - 1``
-    over the share ``p`` of the run's training steps), ``labels`` (the share of the run's
-    planned target labels given), ``confidence`` (per sample ``(p_max - 1/C) / (1 - 1/C)``) or
+    ``labels`` (the default: the share of the planned target labels given, so no ``L_fea``
+    before the first round and all of it after the last), ``none`` (``w = 1``, the paper; the
+    default before, and what configs that follow the authors pin), ``dann``
+    (``2 / (1 + exp(-10 p)) - 1`` over the share ``p`` of the run's training steps),
+    ``confidence`` (per sample ``(p_max - 1/C) / (1 - 1/C)``) or
     ``zero`` (``w = 0``: the unlabeled batches are drawn and passed through the model as in EADA,
     but ``L_fea`` adds nothing to the loss; the paired ablation ``eada_no_fea``).
     ``dann`` and ``labels`` count over the config's whole schedule: its epochs and the target
@@ -276,12 +278,13 @@ class TrainConfig(_Strict):
     # per-sample G ("centered"); or the paper's F (configs that reproduce the paper pin it);
     # BENCHMARKS.md "Alignment variants"
     alignment: Literal["paper", "centered", "balanced", "normalized"] = "normalized"
-    # the weight w in gamma * w * L_fea (eada.energy.FEA_GATES): none (w = 1, the paper), dann
-    # (w = 2 / (1 + exp(-10 p)) - 1 over the share p of training steps done) or labels (w = the
-    # share of the planned target labels given), confidence (per sample, the model's own
+    # the weight w in gamma * w * L_fea (eada.energy.FEA_GATES): labels (the default since
+    # issue 23: BENCHMARKS.md "A paired ablation of L_fea"), none (w = 1, the paper), dann
+    # (w = 2 / (1 + exp(-10 p)) - 1 over the share p of training steps done), confidence
+    # (per sample, the model's own
     # confidence above chance, 0..1) or zero (w = 0: EADA w/o L_fea on EADA's own batches, the
     # paired ablation eada_no_fea); BENCHMARKS.md "Two-class tasks"
-    fea_gate: Literal["none", "dann", "labels", "confidence", "zero"] = "none"
+    fea_gate: Literal["none", "dann", "labels", "confidence", "zero"] = "labels"
 
 
 class ActiveConfig(_Strict, RoundSchedule):

@@ -378,14 +378,16 @@ def free_energy_alignment_loss(
 FEA_GATES = ("none", "dann", "labels", "confidence", "zero")
 """The gates of ``L_fea`` (``train.fea_gate``): the weight ``w`` in ``gamma * w * L_fea``.
 
-* ``none``: ``w = 1`` throughout (the paper and every run before the option existed);
+* ``none``: ``w = 1`` throughout (the paper, every run before the option existed, and the
+  default until the paired 20-seed comparison of issue 23 made ``labels`` the default);
 * ``dann``: ``w(p) = 2 / (1 + exp(-10 p)) - 1`` with ``p`` the share of the run's training
   steps done, the schedule of DANN's gradient-reversal weight (Ganin et al., 2016): the
   alignment starts at 0 while the target predictions are the source classifier's alone and
   reaches 0.76 at ``p = 0.2`` and 0.99 at ``p = 0.5``;
-* ``labels``: ``w = n_l / n_planned``, the share of the run's planned target labels already
-  given (0 before the first round, 1 after the last; 1 in a run without rounds; in a project
-  store, of the project's whole schedule, :class:`eada.train.GateSchedule`);
+* ``labels`` (the default): ``w = n_l / n_planned``, the share of the run's planned target
+  labels already given (0 before the first round, 1 after the last; 1 in a run without
+  rounds; in a project store, of the project's whole schedule,
+  :class:`eada.train.GateSchedule`);
 * ``confidence``: per sample, ``w_i = (p_i - 1/C) / (1 - 1/C)`` with ``p_i = max_y p(y|x_i)``
   the model's own confidence (no gradient; :func:`fea_sample_weights`): a sample on the
   decision boundary gets no push, a confident one the full push, so the alignment leaves the

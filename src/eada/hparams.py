@@ -38,7 +38,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "model": {"name": "linear"},
         "optim": {"name": "adadelta", "lr": 0.1},
         # the paper's Fig. 5: its L_fea (on F), pinned (the default is the normalized variant)
-        "train": {"epochs": 40, "batch_size": 32, "gamma": 0.01, "alignment": "paper"},
+        "train": {
+            "epochs": 40,
+            "batch_size": 32,
+            "gamma": 0.01,
+            "alignment": "paper",
+            "fea_gate": "none",  # the paper's loss, trained from the first step
+        },
         "active": {
             "strategy": "eada",
             "rounds_at": [10, 20, 30],

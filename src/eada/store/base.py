@@ -27,6 +27,11 @@ class ProjectBase:
         self.folder = Path(folder)
         self.store = store if store is not None else Store(self.folder)
         raw = self.store.get_json("config")
+        train = raw.get("train")
+        if isinstance(train, dict) and "fea_gate" not in train:
+            # a project made before train.fea_gate existed trained L_fea without a gate: it
+            # keeps that, whatever the default is now
+            raw = {**raw, "train": {**train, "fea_gate": "none"}}
         self.cfg = build_config(raw, f"config in {self.folder}")
         self.options = StoreOptions.model_validate(raw.get("store") or {"target": "labeled"})
         self.target_labeled = self.options.target != "unlabeled"
