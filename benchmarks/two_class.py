@@ -60,12 +60,17 @@ SURF_CLASSES = [
     "projector",
 ]
 VARIANTS: dict[str, tuple[str, list[str]]] = {
-    "normalized": ("eada", ["train.alignment=normalized"]),
-    "paper": ("eada", ["train.alignment=paper"]),
+    # the variants without a gate pin it: "normalized" is the default before it became the
+    # labels gate ("normalized_labels")
+    "normalized": ("eada", ["train.alignment=normalized", "train.fea_gate=none"]),
+    "paper": ("eada", ["train.alignment=paper", "train.fea_gate=none"]),
     # w/o L_fea, paired (train.fea_gate: zero: EADA's batches, the term weighted 0); the records
     # before it existed are the unpaired one (train.gamma: 0: no unlabeled batch drawn)
     "no_fea": ("eada_no_fea", ["train.alignment=normalized"]),
-    "no_fea_unpaired": ("eada", ["train.alignment=normalized", "train.gamma=0"]),
+    "no_fea_unpaired": (
+        "eada",
+        ["train.alignment=normalized", "train.gamma=0", "train.fea_gate=none"],
+    ),
     # L_fea gated (train.fea_gate, eada.energy.FEA_GATES), added after the first three
     "normalized_dann": ("eada", ["train.alignment=normalized", "train.fea_gate=dann"]),
     "normalized_labels": ("eada", ["train.alignment=normalized", "train.fea_gate=labels"]),
