@@ -121,12 +121,10 @@ def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
     """``--dry-run``: count the target pool where the data is at hand (a list file's lines or
     the in-memory domains: no image is decoded, nothing trained) and check the whole round plan
     against it (e.g. a budget larger than the pool). Returns ``(pool size or None, why not)``."""
-    from types import SimpleNamespace
-
     from eada.config import ImageListData
     from eada.data.images import flat_image_folder, load_image_list
     from eada.data.tasks import load_task
-    from eada.train import ActiveDATrainer
+    from eada.train import round_plan
 
     try:
         if isinstance(cfg.data, ImageListData):
@@ -141,8 +139,7 @@ def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
             target = load_task(cfg.data, cfg.seed).target
     except OSError as err:  # missing files; a list that is there but bad is an error (exit 2)
         return None, f"data not at hand ({err}); the round plan is checked when it is"
-    task = SimpleNamespace(target=target)
-    ActiveDATrainer.make_plan(SimpleNamespace(cfg=cfg, task=task))  # type: ignore[arg-type]
+    round_plan(cfg.active, len(target))
     return len(target), ""
 
 

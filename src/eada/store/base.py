@@ -17,7 +17,7 @@ from eada.store.data import load_project_data, row_hashes
 from eada.store.db import Store, StoreError, how
 from eada.store.targets import sample_info
 from eada.store.unlabeled import hide_guessed_accuracy
-from eada.train import ActiveDATrainer
+from eada.train import round_plan
 
 
 class ProjectBase:
@@ -113,7 +113,7 @@ class ProjectBase:
 
     def plan(self) -> list[dict[str, Any]]:
         """The config's rounds: ``round``, ``epoch``, ``budget``."""
-        return ActiveDATrainer(self.cfg, self.task).plan
+        return round_plan(self.cfg.active, len(self.task.target))
 
     def pending(self) -> list[sqlite3.Row]:
         """Selected samples of the last active round (not an audit round) that have no label

@@ -270,12 +270,11 @@ class Project(ProjectRounds):
                 )
 
         trainer = ActiveDATrainer(seg_cfg, self.task, callbacks=[checkpoint])
-        if self.cfg.train.fea_gate in ("dann", "labels"):  # they count over the whole schedule
-            trainer.gate_schedule = GateSchedule(
-                epochs_before=start,
-                epochs=self.cfg.train.epochs,
-                planned_labels=sum(p["budget"] for p in self.plan()),
-            )
+        trainer.gate_schedule = GateSchedule(  # the gates count over the whole schedule
+            epochs_before=start,
+            epochs=self.cfg.train.epochs,
+            planned_labels=sum(p["budget"] for p in self.plan()),
+        )
         if state is not None:
             trainer.load_state_dict(state, progress=resume)
         if not resume:

@@ -5,7 +5,14 @@ Importing this package registers the baselines' training components with the tra
 """
 
 from eada.train import aux as _aux  # noqa: F401  (registers build_aux with the trainer)
-from eada.train.loop import ActiveDATrainer, GateSchedule, RunResult
+from eada.train.loop import ActiveDATrainer, GateSchedule, RunResult, round_plan
 from eada.train.oracle import Oracle, SimulatedOracle
 
-__all__ = ["ActiveDATrainer", "GateSchedule", "Oracle", "RunResult", "SimulatedOracle"]
+__all__ = [
+    "ActiveDATrainer",
+    "GateSchedule",
+    "Oracle",
+    "RunResult",
+    "SimulatedOracle",
+    "round_plan",
+]

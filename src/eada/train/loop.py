@@ -38,7 +38,7 @@ from torch import nn
 
 from eada import distributed as dist_ops
 from eada import energy as energy_ops
-from eada.config import ExperimentConfig, OptimConfig
+from eada.config import ActiveConfig, ExperimentConfig, OptimConfig
 from eada.data.base import TensorDomain
 from eada.data.batches import iterate_inputs
 from eada.data.tasks import Domain, Task
@@ -350,6 +350,40 @@ def report_alignment_runaway(
         warnings.warn(f"{where}: {message}", category, stacklevel=3)
 
 
+def round_plan(a: ActiveConfig, n_target: int) -> list[dict[str, Any]]:
+    """The rounds of ``a`` on a target of ``n_target`` samples: per round ``round``,
+    ``epoch``, ``pool_before``, ``stage1`` and ``budget``, validated before any work starts
+    (a function of the config alone: no model is built).
+
+    Raises:
+        BudgetTooLargeError: a round's budget exceeds the pool left.
+        ValueError: a round's stage sizes are impossible (its round and epoch named).
+    """
+    if not a.enabled:
+        return []
+    budget = resolve_budget(a.budget_per_round, n_target)
+    share = a.budget_per_round if isinstance(a.budget_per_round, float) else None
+    if a.strategy == "random" and a.selection_rule == "reference" and share is not None:
+        budget = reference_random_budget(share, n_target)  # the authors' round(N share)
+    pool = n_target
+    plan = []
+    for r, epoch in enumerate(a.rounds_at, start=1):
+        try:
+            if a.strategy == "eada":
+                n1, n2 = stage_sizes(pool, budget, a.alpha1, a.selection_rule, n_target, share)
+            else:
+                if budget > pool:
+                    raise BudgetTooLargeError(
+                        f"budget {budget} is larger than the unlabeled pool ({pool} samples)"
+                    )
+                n1, n2 = pool, budget
+        except ValueError as err:
+            raise ValueError(f"round {r} (epoch {epoch}): {err}") from None
+        plan.append({"round": r, "epoch": epoch, "pool_before": pool, "stage1": n1, "budget": n2})
+        pool -= n2
+    return plan
+
+
 @dataclass(frozen=True)
 class GateSchedule:
     """Where a trainer run sits in a longer schedule, for ``train.fea_gate``'s ``dann`` and
@@ -495,34 +529,9 @@ class ActiveDATrainer:
 
     # -- planning ---------------------------------------------------------------------------
     def make_plan(self) -> list[dict[str, Any]]:
-        """The per-round budgets and pool sizes, validated before any work starts."""
-        a = self.cfg.active
-        if not a.enabled:
-            return []
-        n_target = len(self.task.target)
-        budget = resolve_budget(a.budget_per_round, n_target)
-        share = a.budget_per_round if isinstance(a.budget_per_round, float) else None
-        if a.strategy == "random" and a.selection_rule == "reference" and share is not None:
-            budget = reference_random_budget(share, n_target)  # the authors' round(N share)
-        pool = n_target
-        plan = []
-        for r, epoch in enumerate(a.rounds_at, start=1):
-            try:
-                if a.strategy == "eada":
-                    n1, n2 = stage_sizes(pool, budget, a.alpha1, a.selection_rule, n_target, share)
-                else:
-                    if budget > pool:
-                        raise BudgetTooLargeError(
-                            f"budget {budget} is larger than the unlabeled pool ({pool} samples)"
-                        )
-                    n1, n2 = pool, budget
-            except ValueError as err:
-                raise ValueError(f"round {r} (epoch {epoch}): {err}") from None
-            plan.append(
-                {"round": r, "epoch": epoch, "pool_before": pool, "stage1": n1, "budget": n2}
-            )
-            pool -= n2
-        return plan
+        """The per-round budgets and pool sizes, validated before any work starts
+        (:func:`round_plan` of this config and target)."""
+        return round_plan(self.cfg.active, len(self.task.target))
 
     # -- training ---------------------------------------------------------------------------
     def _emit(self, event: str, info: dict[str, Any]) -> None:
@@ -854,8 +863,8 @@ class ActiveDATrainer:
         planned = 0
         if t.fea_gate == "labels":
             planned = sched.planned_labels if sched else sum(p["budget"] for p in self.plan)
-        if planned:
-            share = min(1.0, int(self.labeled_mask.sum()) / planned)
+        if planned:  # the labeled stream holds every labeled sample: a count without an O(N) sum
+            share = min(1.0, len(self.labeled_stream.indices) / planned)
         before, total = (sched.epochs_before, sched.epochs) if sched else (0, t.epochs)
         progress = min(1.0, max(0.0, (before + epochs_done) / total))
         return energy_ops.fea_gate_weight(t.fea_gate, progress, share)
