@@ -33,6 +33,10 @@ import numpy as np
 from eada.reports.tables import markdown_table
 from eada.runs import read_jsonl, write_json
 
+sys.path.insert(0, str(Path(__file__).parent))
+from leaderboard import SURF_DIR, SURF_FILES, SURF_PAIRS
+from two_class import last_acc, read_runs
+
 R = Path("benchmarks/results")
 TEN_CLASS = R / "paired_seeds" / "surf"
 TEN_CLASS_LABELS = R / "paired_seeds_labels" / "surf"  # eada with train.fea_gate=labels
@@ -46,8 +50,6 @@ SHOWN = {  # column names: the default is the labels gate since issue 23
     "normalized_dann": "dann gate",
     "paper": "paper",
 }
-SURF = {"C": "Caltech10", "A": "amazon", "W": "webcam", "D": "dslr"}
-PAIRS = [f"{s}-{t}" for s in "CAWD" for t in "CAWD" if s != t]
 
 
 def paired(with_: dict[int, float], without: dict[int, float]) -> dict[str, Any] | None:
@@ -81,7 +83,7 @@ def ten_class() -> dict[str, Any]:
         }
 
     out = {}
-    for pair in PAIRS:
+    for pair in SURF_PAIRS:
         base = accs(TEN_CLASS / pair / "runs.jsonl", "eada_no_fea")
         row = {
             "normalized": paired(accs(TEN_CLASS / pair / "runs.jsonl", "eada"), base),
@@ -96,10 +98,7 @@ def two_class() -> dict[str, Any]:
     """Per two-class task: each variant's paired difference (``two_class.py`` records)."""
 
     def accs(folder: Path) -> dict[int, float]:
-        return {
-            r["seed"]: float(r["results"]["final"]["last_epoch"]["target"]["accuracy"])
-            for r in read_jsonl(folder / "runs.jsonl")
-        }
+        return {r["seed"]: last_acc(r) for r in read_runs(folder)}
 
     out: dict[str, Any] = {}
     for kind in ("surf", "office31"):
@@ -132,14 +131,14 @@ def markdown(rows: dict[str, Any]) -> str:
 
 def commands() -> list[str]:
     """The commands that write the records read here."""
-    d = "../shared/data/office_caltech10_surf"
+    d = SURF_DIR
     out = []
-    for pair in PAIRS:
+    for pair in SURF_PAIRS:
         s, t = pair.split("-")
         base = (
             f"eada bench configs/office_caltech10_surf.yaml --seeds 0-19 "
-            f"--set data.source={d}/{SURF[s]}_SURF_L10.mat "
-            f"--set data.target={d}/{SURF[t]}_SURF_L10.mat --set 'name=surf/{s}->{t}' "
+            f"--set data.source={d}/{SURF_FILES[s]}_SURF_L10.mat "
+            f"--set data.target={d}/{SURF_FILES[t]}_SURF_L10.mat --set 'name=surf/{s}->{t}' "
             "--set train.alignment=normalized --jobs 1 --threads 1"
         )
         out += [
