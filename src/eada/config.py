@@ -137,7 +137,12 @@ class ImageListData(_ClassSubset):
     ``root``: where relative list paths start (default: the list file's folder).
     ``skip_bad_images``: drop unreadable/missing images (recorded in the run) instead of failing.
     ``allow_outside_root``: accept list paths that resolve outside ``root`` (default: error).
-    ``cache_dir``: frozen-backbone feature cache."""
+    ``cache_dir``: frozen-backbone feature cache.
+    ``decode_cache_mb``: fine-tuning decodes each image once into a uint8 cache under
+    ``decode_cache_dir`` (:mod:`eada.data.decoded`) when the source, target and held-out caches
+    together fit this many MiB and the free disk space (0: off; images decoded every read).
+    ``persistent_workers``: the ``workers`` processes of a view live as long as the run (one
+    pool a stream), else a new pool every pass. ``prefetch``: batches read ahead."""
 
     kind: Literal["images"] = "images"
     source: Path
@@ -150,6 +155,10 @@ class ImageListData(_ClassSubset):
     workers: int = Field(2, ge=0)
     cache_dir: Path = Path(".cache/eada/features")
     extract_batch_size: int = Field(64, ge=1)
+    decode_cache_mb: int = Field(8192, ge=0)
+    decode_cache_dir: Path = Path(".cache/eada/decoded")
+    persistent_workers: bool = True
+    prefetch: int = Field(2, ge=1)
 
 
 class FeatureData(_ClassSubset):
@@ -454,6 +463,7 @@ DATA_PATH_KEYS = (
     "heldout",
     "root",
     "cache_dir",
+    "decode_cache_dir",
     "source_labels",
     "target_labels",
     "heldout_labels",

@@ -55,7 +55,19 @@ def iterate_inputs(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tor
 
 def iterate_items(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tuple[Any, Any]]:
     """:func:`iterate_inputs` with each batch's second field: ``(inputs, labels)`` (or what a
-    ``Dataset`` returns second, e.g. :class:`~eada.data.images.DecodeChecked`'s reasons)."""
+    ``Dataset`` returns second, e.g. :class:`~eada.data.images.DecodeChecked`'s reasons).
+
+    An image domain with a decode cache (:mod:`eada.data.decoded`) is read from it, the random
+    part of its view applied per batch on ``domain.device`` (no worker process at all). Any
+    other ``Dataset`` is read through a ``DataLoader`` whose batch sampler is exactly
+    ``batches``; with ``domain.persistent_workers`` (image domains: ``data.persistent_workers``,
+    on by default) ONE loader per dataset and view serves every call (:class:`LoaderPool`):
+    its ``domain.workers`` processes live as long as the domain, across passes, epochs, rounds,
+    evaluations. Every call draws one integer from torch's global generator, as a new
+    ``DataLoader`` iterator draws its base seed, so a run's random stream (dropout, stochastic
+    depth) does not depend on which path read its images; the cached path seeds the view's
+    random crops, flips and jitter from it.
+    """
     on_batch = _ON_BATCH.get()
     total = len(batches)
     if isinstance(domain, TensorDomain):
@@ -66,16 +78,167 @@ def iterate_items(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tupl
         return
     if not batches:
         return
-    loader = DataLoader(
-        domain,
-        batch_sampler=[b.tolist() for b in batches],
-        num_workers=int(getattr(domain, "workers", 0)),
-        pin_memory=bool(getattr(domain, "pin_memory", False)),
-    )
-    for i, (x, second) in enumerate(loader):
+    if getattr(domain, "decode_cache", None) is not None:
+        items: Iterator[tuple[Any, Any]] = _cached_items(domain, batches)
+    elif getattr(domain, "persistent_workers", False) and int(getattr(domain, "workers", 0)) > 0:
+        items = LOADERS.read(domain, batches)
+    else:
+        items = iter(
+            DataLoader(
+                domain,
+                batch_sampler=[b.tolist() for b in batches],
+                num_workers=int(getattr(domain, "workers", 0)),
+                pin_memory=bool(getattr(domain, "pin_memory", False)),
+            )
+        )
+    for i, (x, second) in enumerate(items):
         yield x, second
         if on_batch is not None:
             on_batch(i + 1, total)
+
+
+def pass_seed() -> int:
+    """One int64 from torch's global generator: what a new ``DataLoader`` iterator draws."""
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+def _cached_items(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tuple[Any, Any]]:
+    """Batches of an image domain with a decode cache: the random part of the view drawn in
+    batch order from a generator seeded by :func:`pass_seed`, the crops gathered (and pinned,
+    for a GPU) by a thread up to ``domain.prefetch`` batches ahead, the rest of the view
+    (:func:`~eada.data.transforms.batch_view`) on ``domain.device``."""
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    from eada.data.decoded import base_of, gather_crops
+    from eada.data.transforms import batch_view, draw_batch_params
+
+    gen = torch.Generator().manual_seed(pass_seed())
+    cache, spec = domain.decode_cache, domain.spec
+    kind = domain.kinds[domain.current]
+    base = base_of(kind, spec)
+    shapes = torch.from_numpy(cache.shapes[base])
+    device = torch.device(getattr(domain, "device", "cpu"))
+    cuda = device.type == "cuda"
+
+    def gather(b: torch.Tensor, params: Any) -> torch.Tensor:
+        crops = torch.from_numpy(
+            gather_crops(cache, base, b.tolist(), params.top, params.left, spec.crop)
+        )
+        if cuda:
+            return crops.pin_memory()
+        return batch_view(crops, params, domain.norm, device)  # in this thread on a CPU
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eada-batches")
+    pending: deque[tuple[Future[torch.Tensor], Any, torch.Tensor]] = deque()
+    todo = iter(batches)
+
+    def submit() -> None:
+        b = next(todo, None)
+        if b is not None:
+            params = draw_batch_params(kind, spec, shapes[b, 0], shapes[b, 1], gen)
+            pending.append((pool.submit(gather, b, params), params, b))
+
+    try:
+        for _ in range(max(1, int(getattr(domain, "prefetch", 2)))):
+            submit()
+        while pending:
+            fut, params, b = pending.popleft()
+            submit()
+            x = fut.result()
+            if cuda:
+                x = batch_view(x, params, domain.norm, device)
+            yield x, domain.y[b]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _Feed:
+    """The batch sampler of a persistent loader: the batches of the current call."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class _Loader:
+    def __init__(self, domain: Any) -> None:
+        self.feed = _Feed()
+        workers = int(domain.workers)
+        self.loader = DataLoader(
+            domain,
+            batch_sampler=self.feed,
+            num_workers=workers,
+            pin_memory=bool(getattr(domain, "pin_memory", False)),
+            persistent_workers=True,
+            prefetch_factor=max(1, int(getattr(domain, "prefetch", 2))),
+        )
+        self.busy = False
+        self.calls = 0
+
+
+class LoaderPool:
+    """Persistent ``DataLoader`` s, one a dataset and view: each keeps its worker processes
+    for the life of the dataset (closed when its image list is collected, or by
+    :meth:`close`). A loader serves one pass at a time; a pass that starts while another of
+    the same view is still being read gets a second loader (kept too), so the count grows
+    with the passes read AT ONCE, never with the passes read one after another.
+    ``pools_started`` counts the loaders (each one worker pool) made so far."""
+
+    def __init__(self) -> None:
+        self._loaders: dict[tuple[int, str], list[_Loader]] = {}
+        self.pools_started = 0
+
+    def read(self, domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tuple[Any, Any]]:
+        """The items of ``batches`` of ``domain`` (its current view)."""
+        import weakref
+
+        images = getattr(domain, "images", domain)
+        key = (id(images), str(getattr(domain, "current", "")))
+        loaders = self._loaders.get(key)
+        if loaders is None:
+            loaders = self._loaders[key] = []
+            weakref.finalize(images, self._drop, key)
+        ld = next((x for x in loaders if not x.busy), None)
+        if ld is None:
+            ld = _Loader(domain)
+            loaders.append(ld)
+            self.pools_started += 1
+        return self._run(ld, batches)
+
+    @staticmethod
+    def _run(ld: _Loader, batches: Sequence[torch.Tensor]) -> Iterator[tuple[Any, Any]]:
+        ld.busy = True
+        try:
+            ld.feed.batches = [b.tolist() for b in batches]
+            if ld.calls:  # a new iterator would draw its base seed: draw it as the first did
+                pass_seed()
+            ld.calls += 1
+            n = len(batches)
+            for i, item in enumerate(ld.loader):
+                if i == n - 1:  # all read: free for the next pass before this one resumes
+                    ld.busy = False
+                yield item
+        finally:
+            ld.busy = False
+
+    def _drop(self, key: tuple[int, str]) -> None:
+        for ld in self._loaders.pop(key, []):
+            ld.loader._iterator = None  # its __del__ shuts the workers down
+
+    def close(self) -> None:
+        """Shut every loader's workers down."""
+        for key in list(self._loaders):
+            self._drop(key)
+
+
+#: The process's persistent loaders (:func:`iterate_items`).
+LOADERS = LoaderPool()
 
 
 def chunks(indices: torch.Tensor, batch_size: int) -> list[torch.Tensor]:

@@ -16,8 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from eada.config import FeatureData, ImageListData, ModelConfig
 from eada.data.base import Task, TensorDomain
+from eada.data.decoded import base_of, decode_caches, plan_cache
 from eada.data.features import (
     cache_key,
     cached_features,
@@ -39,6 +42,7 @@ from eada.data.images import (
 from eada.data.transforms import (
     Normalization,
     TransformSpec,
+    View,
     build_transform,
     normalization_for,
     transform_key,
@@ -374,9 +378,41 @@ def image_domains(
         # the unlabeled-target training stream (data.transforms.unlabeled_view)
         unl = cfg.transforms.unlabeled_view
         views["unlabeled"] = views["train"] if unl == "train" else build_transform(unl, spec, norm)
+        kinds: dict[str, View] = {"train": "train", "test": "test", "score": "score"}
+        kinds["unlabeled"] = unl
+        dev = torch.device(
+            "cuda"
+            if device == "cuda" or (device == "auto" and torch.cuda.is_available())
+            else "cpu"
+        )
         for role, il in lists.items():
-            domains[role] = ImageDomain(il, views, (3, spec.crop, spec.crop), cfg.workers)
+            d = ImageDomain(
+                il, views, (3, spec.crop, spec.crop), cfg.workers, "train",
+                cfg.persistent_workers, cfg.prefetch,
+            )  # fmt: skip
+            d.kinds, d.spec, d.norm, d.device = kinds, spec, norm, dev
+            domains[role] = d
+        bases = [base_of(k, spec) for k in kinds.values()]
+        plans = (
+            [plan_cache(f"{r} {il.name!r}", il.paths, spec, bases) for r, il in lists.items()]
+            if cfg.decode_cache_mb > 0
+            else []
+        )
+        caches = decode_caches(
+            plans, cfg.decode_cache_dir,
+            cfg.decode_cache_mb, max(1, cfg.workers), progress or _say,
+        )  # fmt: skip
+        notes["decode_cache"] = "off" if caches is None else str(cfg.decode_cache_dir)
+        for role, c in zip(lists, caches or [], strict=False):
+            domains[role].decode_cache = c
     return domains, notes
+
+
+def _say(message: str) -> None:
+    """A plain line on stderr (where no progress callback is given)."""
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
 
 
 def load_feature_task(cfg: FeatureData) -> Task:

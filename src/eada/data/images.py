@@ -410,9 +410,13 @@ def check_pair(source: ImageList, target: ImageList, decode: bool = True) -> Che
 class ImageDomain(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """A domain of image files as a torch ``Dataset`` returning ``(image tensor, label)``.
 
-    It carries one transform a view (``train``, ``test``, ``score``); indexing uses the
-    current view's, and :meth:`view` returns a shallow copy that uses another. ``workers`` and
-    ``pin_memory`` are the ``DataLoader`` options the trainer reads it with.
+    It carries one transform a view (``train``, ``test``, ``score``, ``unlabeled``); indexing
+    uses the current view's, and :meth:`view` returns a shallow copy that uses another.
+    ``workers``, ``pin_memory``, ``persistent_workers`` and ``prefetch`` are the ``DataLoader``
+    options it is read with (:func:`eada.data.batches.iterate_items`). With a
+    ``decode_cache`` (:mod:`eada.data.decoded`; ``kinds`` maps each view to its kind, ``spec``
+    and ``norm`` give its sizes and normalisation) batches are read from the cache instead and
+    the view's random part is applied per batch on ``device``.
     """
 
     def __init__(
@@ -422,6 +426,8 @@ class ImageDomain(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         input_shape: tuple[int, ...],
         workers: int = 0,
         current: str = "train",
+        persistent_workers: bool = True,
+        prefetch: int = 2,
     ) -> None:
         self.images = images
         self.name = images.name
@@ -431,7 +437,14 @@ class ImageDomain(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.input_shape = input_shape
         self.workers = workers
         self.pin_memory = torch.cuda.is_available()
+        self.persistent_workers = persistent_workers
+        self.prefetch = prefetch
         self.current = current
+        self.decode_cache: Any = None  # eada.data.decoded.DecodeCache, set by image_domains
+        self.kinds: dict[str, Any] = {}
+        self.spec: Any = None
+        self.norm: Any = None
+        self.device = torch.device("cpu")
 
     def __len__(self) -> int:
         return len(self.images)

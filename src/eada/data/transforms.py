@@ -116,3 +116,117 @@ def fixed_size_transform(image_size: int, channels: int) -> Callable[[Any], torc
 def transform_key(view: View, spec: TransformSpec, norm: Normalization) -> str:
     """A stable text naming a view exactly (part of the feature-cache key)."""
     return f"{view}|{spec}|{norm}"
+
+
+@dataclass
+class BatchParams:
+    """The random part of a view for one batch, drawn on the host: per sample crop corners
+    ``(top, left)``, horizontal flips, and colour jitter factors (brightness, contrast,
+    saturation, hue; ``None`` where the view has no jitter) with the order the four are
+    applied in (a permutation a sample, as ``ColorJitter`` draws it)."""
+
+    top: torch.Tensor
+    left: torch.Tensor
+    flip: torch.Tensor | None
+    factors: torch.Tensor | None  # (B, 4)
+    order: torch.Tensor | None  # (B, 4)
+    active: tuple[bool, bool, bool, bool] = (True, True, True, True)  # jitter value not 0
+
+
+def draw_batch_params(
+    kind: View,
+    spec: TransformSpec,
+    heights: torch.Tensor,
+    widths: torch.Tensor,
+    generator: torch.Generator,
+) -> BatchParams:
+    """The random part of view ``kind`` for images of the given base sizes (see
+    :func:`eada.data.decoded.base_of`): a crop of ``crop x crop`` anywhere in each (the
+    ``test`` view: the whole cached image), a flip where ``hflip`` (train view), jitter factors
+    where ``jitter`` (train view) drawn as ``ColorJitter`` draws them: brightness, contrast and
+    saturation uniform in ``[max(0, 1 - v), 1 + v]``, hue in ``[-v, v]``, in a random order.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> p = draw_batch_params("train", TransformSpec(), torch.tensor([256]), torch.tensor([256]), g)
+    >>> int(p.top) <= 32 and p.factors.shape == (1, 4)
+    True
+    """
+    b = len(heights)
+    if kind == "test" or (kind == "score" and spec.scoring_view == "test"):
+        zero = torch.zeros(b, dtype=torch.long)
+        return BatchParams(zero, zero, None, None, None)
+    u = torch.rand(b, 2, generator=generator, dtype=torch.float64)
+    top = (u[:, 0] * (heights - spec.crop + 1)).long()
+    left = (u[:, 1] * (widths - spec.crop + 1)).long()
+    flip = factors = order = None
+    if kind == "train" and spec.hflip:
+        flip = torch.rand(b, generator=generator) < 0.5
+    if kind == "train" and spec.jitter is not None:
+        lo = torch.tensor([max(0.0, 1 - v) for v in spec.jitter[:3]] + [-spec.jitter[3]])
+        hi = torch.tensor([1 + v for v in spec.jitter[:3]] + [spec.jitter[3]])
+        factors = lo + (hi - lo) * torch.rand(b, 4, generator=generator)
+        order = torch.argsort(torch.rand(b, 4, generator=generator), dim=1)
+        active = tuple(v != 0 for v in spec.jitter)
+        return BatchParams(top, left, flip, factors, order, active)  # type: ignore[arg-type]
+    return BatchParams(top, left, flip, factors, order)
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    r, g, b = x.unbind(dim=-3)
+    return (0.2989 * r + 0.587 * g + 0.114 * b).unsqueeze(-3)
+
+
+def _blend(x: torch.Tensor, other: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    return (f * x + (1.0 - f) * other).clamp_(0.0, 1.0)
+
+
+def _jitter_op(op: int, x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """One of ``ColorJitter``'s four adjustments (torchvision's tensor formulas) with a
+    factor per sample ``f`` (``(B, 1, 1, 1)``) on float images in ``[0, 1]``."""
+    if op == 0:  # brightness
+        return _blend(x, torch.zeros_like(x), f)
+    if op == 1:  # contrast: towards the mean grey level of each image
+        return _blend(x, _gray(x).mean(dim=(-3, -2, -1), keepdim=True), f)
+    if op == 2:  # saturation: towards the grey image
+        return _blend(x, _gray(x), f)
+    from torchvision.transforms._functional_tensor import _hsv2rgb, _rgb2hsv
+
+    h, s, v = _rgb2hsv(x).unbind(dim=-3)
+    h = torch.remainder(h + f.view(-1, 1, 1), 1.0)
+    return _hsv2rgb(torch.stack((h, s, v), dim=-3))
+
+
+def batch_view(
+    crops: torch.Tensor, params: BatchParams, norm: Normalization, device: torch.device
+) -> torch.Tensor:
+    """A batch of uint8 crops ``(B, H, W, 3)`` (already cut by ``params``' corners) as the
+    view's float input on ``device``: ``ToTensor`` (``/ 255``), flips, colour jitter (each
+    sample's factors in its own order; groups of samples per position and adjustment, so no
+    value is read back from the device), then the normalisation. ``(B, 3, H, W)``, contiguous.
+
+    >>> p = BatchParams(torch.zeros(2), torch.zeros(2), None, None, None)
+    >>> x = batch_view(torch.full((2, 4, 4, 3), 255, dtype=torch.uint8), p,
+    ...                normalization_for("resnet50"), torch.device("cpu"))
+    >>> tuple(x.shape), round(float(x[0, 0, 0, 0]), 4)
+    ((2, 3, 4, 4), 2.2489)
+    """
+    x = crops.to(device, non_blocking=True).permute(0, 3, 1, 2).contiguous()
+    x = x.to(torch.get_default_dtype()).div(255)
+    if params.flip is not None and bool(params.flip.any()):
+        idx = torch.nonzero(params.flip).squeeze(1).to(device)
+        x.index_copy_(0, idx, x.index_select(0, idx).flip(-1))
+    if params.factors is not None and params.order is not None:
+        facs = params.factors.to(device, non_blocking=True)
+        for pos in range(4):
+            for op in range(4):
+                if not params.active[op]:  # ColorJitter skips a zero range
+                    continue
+                rows = torch.nonzero(params.order[:, pos] == op).squeeze(1)
+                if len(rows) == 0:
+                    continue
+                idx = rows.to(device, non_blocking=True)
+                f = facs.index_select(0, idx)[:, op].view(-1, 1, 1, 1)
+                x.index_copy_(0, idx, _jitter_op(op, x.index_select(0, idx), f))
+    mean = torch.as_tensor(norm.mean, dtype=x.dtype, device=device).view(-1, 1, 1)
+    std = torch.as_tensor(norm.std, dtype=x.dtype, device=device).view(-1, 1, 1)
+    return x.sub_(mean).div_(std)
