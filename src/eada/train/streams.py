@@ -111,10 +111,14 @@ class BatchStream:
         return full if len(self.indices) >= full else len(self.indices)
 
     def _load(self, start: int) -> torch.Tensor:
-        """Inputs of the batch at ``start`` of the current pass, from a loader that reads the
-        rest of the pass ahead (rebuilt when the order or position changed)."""
+        """Inputs of the batch at ``start`` of the current pass, from a reader of the rest of
+        the pass (:func:`~eada.data.batches.iterate_inputs`: a decode cache, or the view's
+        persistent loader, so a new pass starts no worker process); a new reader when the
+        order or position changed, the old one closed first (its loader free again)."""
         ld = self._loaded
         if ld is None or ld[0] is not self._order or ld[1] != start:
+            if ld is not None:
+                ld[2].close()
             size, n = self._size(), len(self._order)
             ends = list(range(start + size, n + 1, size))
             if not self.drop_last and (not ends or ends[-1] < n):
