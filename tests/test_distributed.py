@@ -203,6 +203,8 @@ def test_torchrun_cli_run_writes_one_record(tmp_path: Path) -> None:
             "train.epochs=3",
             "--set",
             "active.rounds_at=[1,2]",
+            "--set",
+            "device=cpu",  # gloo on the CPU, with a GPU visible or not
             "--out",
             str(out),
         ],
@@ -215,6 +217,43 @@ def test_torchrun_cli_run_writes_one_record(tmp_path: Path) -> None:
     assert len(run["results"]["labeled_indices"]) == 40
     assert json.loads((out / "meta.json").read_text())["world_size"] == 2
     assert "distributed training: 2 processes (gloo)" in proc.stdout + proc.stderr
+
+
+def test_more_processes_than_gpus_under_nccl_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two torchrun processes, one GPU (a fake one: the count is what is checked), nccl: an
+    error naming both counts, exit 2, before any process group is joined."""
+    from eada import distributed
+    from eada.cli import main
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    joined = []
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kw: joined.append(kw))
+    with pytest.raises(distributed.DeviceCountError, match="2 processes .* 1 CUDA device"):
+        distributed.setup()
+    code = main(
+        [
+            "run",
+            "toy",
+            "--set",
+            "train.epochs=3",
+            "--set",
+            "active.rounds_at=[1]",
+            "--out",
+            str(tmp_path / "r"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "error:" in err and "2 processes" in err and "1 CUDA" in err
+    assert not joined
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    distributed.check_nccl_devices()  # one GPU a process: fine
 
 
 def test_only_run_is_distributed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

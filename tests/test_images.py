@@ -390,7 +390,7 @@ def test_finetuning_runs_end_to_end(
     assert res["final"]["last_epoch"]["target"]["n"] == 12
     assert res["data"]["classes"] == sorted(CLASSES)
     trainer = seen["t"]
-    after = list(trainer.model.backbone.parameters())
+    after = [p.detach().cpu() for p in trainer.model.backbone.parameters()]  # CUDA or not
     assert any(not torch.equal(x, y) for x, y in zip(before, after, strict=True))  # fine-tuned
     lrs = sorted(g["lr"] for g in trainer.optimizer.param_groups)
     assert lrs == pytest.approx([0.01, 0.1])  # backbone at 0.1x

@@ -89,7 +89,8 @@ def test_selection_scores_the_tempered_free_energy(rule: str, expected: Any) -> 
     prop = tr.propose(4)
     tr.model.eval()
     with torch.no_grad():
-        e = tr.model(tr.task.target.x[prop.pool_idx]).float()
+        dev = next(tr.model.parameters()).device  # where the trainer put the model (CUDA or not)
+        e = tr.model(tr.task.target.x[prop.pool_idx].to(dev)).float().cpu()
     got = torch.from_numpy(prop.outputs.get_free_energy())
     torch.testing.assert_close(got, expected(e, tau), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(got, -torch.logsumexp(-e, dim=1))  # not the tau = 1 score
@@ -339,7 +340,7 @@ def test_frozen_bottleneck_bn_affine_stays_at_its_initial_values() -> None:
         t.run()
         moved = int(not torch.equal(lin_before, t.model.bottleneck[0].weight))
         assert (id(bn.weight) in handed) is not freeze  # the optimiser never receives them
-        return bn, bn.running_mean.clone(), moved
+        return bn.cpu(), bn.running_mean.cpu().clone(), moved  # compared on the CPU
 
     bn, running, moved = trained(True)
     assert torch.equal(bn.weight, torch.ones(4)) and torch.equal(bn.bias, torch.zeros(4))

@@ -134,9 +134,11 @@ def test_bench_workers_fork_and_keep_a_task_over_seeds(tmp_path: Path) -> None:
     loaded task over seeds unless the data depend on the seed (toy)."""
     from eada.config import parse_config
 
-    if sys.platform.startswith("linux"):
-        assert bench.worker_start_method(1) == "fork"
-    assert bench.worker_start_method(2) == "spawn"  # OpenMP pools do not survive a fork
+    with pytest.MonkeyPatch.context() as mp:  # as documented, on a machine without CUDA
+        mp.setattr(torch.cuda, "is_available", lambda: False)
+        if sys.platform.startswith("linux"):
+            assert bench.worker_start_method(1) == "fork"
+        assert bench.worker_start_method(2) == "spawn"  # OpenMP pools do not survive a fork
     with pytest.MonkeyPatch.context() as mp:  # nor does a CUDA context
         mp.setattr(torch.cuda, "is_available", lambda: True)
         assert bench.worker_start_method(1) == "spawn"

@@ -186,7 +186,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from eada.train.logging import run_callbacks
 
     if distributed.launched_distributed():  # torchrun: join the group; rank 0 reports
-        rank, world = distributed.setup()
+        on_cpu = all(c.device == "cpu" for c in configs.values())  # gloo; else nccl on CUDA
+        rank, world = distributed.setup("gloo" if on_cpu else None)
         if rank == 0:
             _log(f"distributed training: {world} processes ({distributed.backend_name()})")
     summary = run_seeds(

@@ -46,10 +46,32 @@ def rank_world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+class DeviceCountError(ValueError):
+    """More ``torchrun`` processes on a machine than CUDA devices under ``nccl``."""
+
+
+def check_nccl_devices() -> None:
+    """Under ``nccl`` every process of a machine needs its own GPU: raise
+    :class:`DeviceCountError`, naming both counts, when ``torchrun`` started more processes on
+    this machine (``LOCAL_WORLD_SIZE``, else ``WORLD_SIZE``) than CUDA devices are visible."""
+    procs = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    gpus = torch.cuda.device_count()
+    if procs > gpus:
+        raise DeviceCountError(
+            f"torchrun started {procs} processes on this machine but it has {gpus} CUDA "
+            f"device(s); nccl needs one GPU a process: run --nproc-per-node {gpus} (or fewer), "
+            "or train on the CPU with gloo (--set device=cpu)"
+        )
+
+
 def setup(backend: str | None = None, timeout_s: float = 300.0) -> tuple[int, int]:
     """Join the process group described by ``torchrun``'s environment (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). ``backend`` defaults to ``nccl`` when CUDA
-    is available, else ``gloo``. Returns ``(rank, world_size)``."""
+    is available, else ``gloo``. Returns ``(rank, world_size)``.
+
+    Raises:
+        DeviceCountError: ``nccl`` with more processes on this machine than GPUs
+            (:func:`check_nccl_devices`), before joining the group."""
     missing = [
         k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
     ]
@@ -59,6 +81,8 @@ def setup(backend: str | None = None, timeout_s: float = 300.0) -> tuple[int, in
         )
     if not is_distributed():
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        if backend == "nccl":
+            check_nccl_devices()
         if backend == "gloo" and os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
             # single node: keep gloo on the loopback device; otherwise it resolves the host name
             # to pick an interface, which stalls for seconds on machines without DNS
