@@ -162,8 +162,10 @@ def main() -> None:
     for r in rows:
         r["speedup_per_epoch_vs_old"] = round(base["epoch_s"] / r["epoch_s"], 2)
         r["same_run_as_old"] = r["trace"] == base["trace"]
-        print(f"{r['variant']:>10}: {r['speedup_per_epoch_vs_old']}x per epoch, same run as old: "
-              f"{r['same_run_as_old']}")
+        print(
+            f"{r['variant']:>10}: {r['speedup_per_epoch_vs_old']}x per epoch, same run as old: "
+            f"{r['same_run_as_old']}"
+        )
     record = {
         "benchmark": "finetune_pipeline",
         "command": "python benchmarks/finetune_pipeline.py " + " ".join(sys.argv[1:]),
