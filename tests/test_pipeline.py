@@ -264,3 +264,56 @@ def test_a_pass_read_while_another_is_open_gets_its_own_loader(tmp_path: Path) -
     assert pool.pools_started == 2
     pool.close()
     assert np.allclose(torch.cat(xs).numpy(), torch.cat([x for x, _ in iterate_items(d, b)]))
+
+
+# -- the step's read-backs (train.sync_every) ------------------------------------------------
+def _toy(sync_every: int, *extra: str) -> Any:
+    from eada.data.tasks import load_task as load
+    from eada.hparams import preset_config
+    from eada.train import ActiveDATrainer
+
+    sets = ["train.epochs=3", "active.rounds_at=[1]", f"train.sync_every={sync_every}", *extra]
+    cfg = preset_config("toy", "eada", 0, sets)
+    return ActiveDATrainer(cfg, load(cfg.data, 0))
+
+
+def test_losses_read_back_every_n_steps_give_the_same_run(monkeypatch: pytest.MonkeyPatch):
+    """``train.sync_every 10``: the losses and Delta stay on the device (here the CPU stands
+    in for it: every read-back of a tensor is counted) and are read once a window, with the
+    same history as reading every step."""
+    reads = {"n": 0}
+    for name in ("__float__", "__bool__", "item"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self: torch.Tensor, *a: Any, _real: Any = real) -> Any:
+            reads["n"] += 1
+            return _real(self, *a)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    counts, hist = {}, {}
+    for every in (1, 10):
+        tr = _toy(every)
+        steps = tr.steps_per_epoch()
+        assert tr.sync_every == every
+        sums: dict[str, Any] = {}
+        reads["n"] = 0
+        for _ in range(steps):
+            for k, v in tr._train_step(lazy=every > 1).items():
+                sums[k] = sums.get(k, 0.0) + v
+        counts[every] = reads["n"] / steps
+        res = _toy(every).run()
+        hist[every] = [
+            (h["loss"], h["delta"], h["metrics"]["target"]["accuracy"]) for h in res.history
+        ]
+    assert counts[10] == 0 and counts[1] >= 5  # no read-back inside a window
+    for a, b in zip(hist[1], hist[10], strict=True):
+        assert a[2] == b[2] and a[0] == pytest.approx(b[0], rel=1e-12)
+        assert a[1] == pytest.approx(b[1], rel=1e-12)
+
+
+def test_a_non_finite_loss_is_caught_at_the_cadence() -> None:
+    tr = _toy(4)
+    tr.task.source.x[:] = float("nan")  # every energy NaN from the first step
+    with pytest.raises(FloatingPointError, match=r"non-finite within steps \d+-\d+ of epoch"):
+        tr.run()
+    assert _toy(0).sync_every == 1  # auto on the CPU: every step, checked before the update

@@ -278,6 +278,10 @@ class TrainConfig(_Strict):
     eval_every: int = Field(1, ge=1)
     eval_batch_size: int = Field(512, ge=1)
     amp: bool = True  # bfloat16 autocast of the forward passes, on CUDA only
+    # how often a step's losses are read back from the device: every step (1, the CPU's
+    # default: reading costs nothing there) or every N steps (0 = auto: 25 on CUDA), the
+    # losses summed on the device meanwhile and the non-finite check done at that cadence
+    sync_every: int = Field(0, ge=0)
     forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
     channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
     loaders: Literal["continuous", "per_epoch"] = "continuous"  # see the class docstring

@@ -18,7 +18,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Literal
 
 import numpy as np
@@ -487,7 +490,7 @@ class DeltaEstimator:
         self.mode = mode
         self.momentum = momentum
         self._rng = np.random.default_rng(seed)
-        self.value: float | None = None
+        self._value: float | torch.Tensor | None = None
         self.steps = 0
 
     def update(self, source_free_energy: torch.Tensor) -> float:
@@ -504,6 +507,40 @@ class DeltaEstimator:
             self.value = lam * self.value + (1.0 - lam) * batch_mean
         self.steps += 1
         return self.value
+
+    def update_on_device(self, source_free_energy: torch.Tensor) -> torch.Tensor:
+        """:meth:`update` without reading anything back from the device: ``Delta`` kept as a
+        float64 0-dim tensor beside the energies (the same arithmetic, in double precision as
+        Python's floats, so the same values), returned as such. The caller checks it is
+        finite (a non-finite batch mean makes it non-finite); :attr:`value` reads it back.
+
+        >>> d = DeltaEstimator("momentum", 0.5)
+        >>> _ = d.update_on_device(torch.tensor([2.0])); v = d.update_on_device(torch.tensor([4.0]))
+        >>> float(v), d.value
+        (3.0, 3.0)
+        """
+        batch_mean = source_free_energy.detach().mean().double()
+        current = self._value
+        if current is None:
+            new = batch_mean
+        else:
+            lam = float(self._rng.uniform()) if self.mode == "uniform" else self.momentum
+            prev = current if isinstance(current, torch.Tensor) else torch.tensor(current)
+            new = prev.to(batch_mean.device, torch.float64) * lam + batch_mean * (1.0 - lam)
+        self._value = new
+        self.steps += 1
+        return new
+
+    @property
+    def value(self) -> float | None:
+        """The current ``Delta`` (``None`` before the first update)."""
+        if isinstance(self._value, torch.Tensor):
+            self._value = float(self._value)
+        return self._value
+
+    @value.setter
+    def value(self, v: float | None) -> None:
+        self._value = v
 
     def state_dict(self) -> dict[str, object]:
         """Serialisable state (value, step count, generator state) for checkpoints."""
@@ -675,10 +712,25 @@ def alignment_drift(
     )
 
 
+_DEFERRED = contextvars.ContextVar("eada_deferred_finite_checks", default=False)
+
+
+@contextlib.contextmanager
+def deferred_finite_checks() -> Iterator[None]:
+    """Within the block the energy functions do not check their energies are finite (a
+    read-back from the device each); the caller checks what they return instead (the
+    trainer's losses, every ``train.sync_every`` steps: a non-finite energy makes them so)."""
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
 def _check_energies(energies: torch.Tensor) -> None:
     if energies.ndim != 2:
         raise ValueError(f"energies must have shape (N, C), got {tuple(energies.shape)}")
-    if not torch.isfinite(energies).all():
+    if not _DEFERRED.get() and not torch.isfinite(energies).all():
         bad = int((~torch.isfinite(energies)).any(dim=1).sum())
         raise ValueError(
             f"energies contain NaN or infinite values ({bad} of {energies.shape[0]} rows)"

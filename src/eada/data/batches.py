@@ -9,6 +9,8 @@ memory when ``domain.pin_memory``).
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -97,6 +99,18 @@ def iterate_items(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tupl
             on_batch(i + 1, total)
 
 
+#: Held while a reader thread works (torch ops, which may hold the allocator's or OpenMP's
+#: locks): ``os.fork`` (a ``DataLoader`` starting its workers) waits for it, so no child
+#: starts with a lock held by a thread it does not have.
+_NO_FORK = threading.Lock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_NO_FORK.acquire,
+        after_in_parent=_NO_FORK.release,
+        after_in_child=_NO_FORK.release,
+    )
+
+
 def pass_seed() -> int:
     """One int64 from torch's global generator: what a new ``DataLoader`` iterator draws."""
     return int(torch.empty((), dtype=torch.int64).random_().item())
@@ -122,12 +136,13 @@ def _cached_items(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tupl
     cuda = device.type == "cuda"
 
     def gather(b: torch.Tensor, params: Any) -> torch.Tensor:
-        crops = torch.from_numpy(
-            gather_crops(cache, base, b.tolist(), params.top, params.left, spec.crop)
-        )
-        if cuda:
-            return crops.pin_memory()
-        return batch_view(crops, params, domain.norm, device)  # in this thread on a CPU
+        with _NO_FORK:  # a process forked meanwhile (a DataLoader's workers) waits for it
+            crops = torch.from_numpy(
+                gather_crops(cache, base, b.tolist(), params.top, params.left, spec.crop)
+            )
+            if cuda:
+                return crops.pin_memory()
+            return batch_view(crops, params, domain.norm, device)  # in this thread on a CPU
 
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eada-batches")
     pending: deque[tuple[Future[torch.Tensor], Any, torch.Tensor]] = deque()

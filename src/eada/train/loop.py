@@ -225,11 +225,20 @@ class ActiveDATrainer(StepMixin, SelectionMixin, EvaluationMixin, StateMixin):
                 for stream in (self.source_stream, self.unlabeled_stream, self.labeled_stream):
                     stream.restart()
                 steps = self.steps_per_epoch()  # over the current unlabeled pool
-            sums: dict[str, float] = {}
+            sums: dict[str, Any] = {}
+            every = self.sync_every  # 1: each step read back and checked before its update
+            window: dict[str, Any] = {}
             for i in range(steps):
                 self.fea_weight = self.fea_gate_weight(epoch - 1 + i / steps)
-                for k, v in self.train_step().items():
-                    sums[k] = sums.get(k, 0.0) + v
+                for k, v in self._train_step(lazy=every > 1).items():
+                    window[k] = window.get(k, 0.0) + v  # device tensors: no read-back
+                if (i + 1) % every == 0 or i + 1 == steps:  # one read-back a window
+                    if every > 1:
+                        first = i + 1 - ((i % every) + 1)
+                        self.check_finite(window, f"steps {first + 1}-{i + 1} of epoch {epoch}")
+                    for k, v in window.items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
+                    window = {}
             if self.world > 1:  # losses averaged over the ranks (each saw its own batches)
                 sums = {k: float(dist_ops.all_mean(torch.tensor(v))) for k, v in sums.items()}
             record: dict[str, Any] = {"epoch": epoch, **{k: v / steps for k, v in sums.items()}}

@@ -125,7 +125,29 @@ class StepMixin(TrainerBase):
     :class:`~eada.train.loop.ActiveDATrainer`)."""
 
     def train_step(self) -> dict[str, float]:
-        """One optimisation step over a source, an unlabeled and a labeled-target batch."""
+        """One optimisation step over a source, an unlabeled and a labeled-target batch; its
+        losses read back (and checked finite before the update)."""
+        return {k: float(v) for k, v in self._train_step(lazy=False).items()}
+
+    @property
+    def sync_every(self) -> int:
+        """Steps between reading the losses back from the device (``train.sync_every``; 0 =
+        1 on the CPU, 25 on CUDA; 1 under ``torchrun``, whose ranks stop together)."""
+        n = self.cfg.train.sync_every
+        if self.world > 1:
+            return 1
+        return n if n > 0 else (25 if self.device.type == "cuda" else 1)
+
+    def _train_step(self, lazy: bool) -> dict[str, Any]:
+        """:meth:`train_step`; with ``lazy`` nothing is read back from the device: the losses
+        and ``Delta`` are returned as 0-dim float64 tensors on it (the caller sums them and
+        checks them finite, :meth:`check_finite`), the update done without a finite check."""
+        if not lazy:
+            return self._step_body(False)
+        with energy_ops.deferred_finite_checks():
+            return self._step_body(True)
+
+    def _step_body(self, lazy: bool) -> dict[str, Any]:
         t = self.cfg.train
         dev = self.device
         self._step.train()
@@ -147,9 +169,17 @@ class StepMixin(TrainerBase):
         f_s = energy_ops.alignment_free_energy(
             e_s.detach(), t.alignment, t.tau, None if scale is None else scale.detach()
         )
-        delta = self.delta.update(dist_ops.all_mean(f_s.mean()) if self.world > 1 else f_s)
+        delta: Any
+        if lazy:
+            delta = self.delta.update_on_device(f_s)
+        else:
+            delta = self.delta.update(dist_ops.all_mean(f_s.mean()) if self.world > 1 else f_s)
+
+        def read(v: torch.Tensor) -> Any:  # a logged value: a float, or kept on the device
+            return v.detach().double() if lazy else float(v.detach())
+
         loss = t.delta_s * loss_s
-        out = {"loss_source": float(loss_s.detach()), "delta": delta}
+        out: dict[str, Any] = {"loss_source": read(loss_s), "delta": delta}
         if use_u:
             e_u = energies[1]
             if t.fea_gate == "confidence":  # per-sample weights (eada.energy.fea_sample_weights)
@@ -163,22 +193,23 @@ class StepMixin(TrainerBase):
                 )
             if self.fea_weight != 0.0:  # 0 (gate zero, dann at the start): no term, not 0 * it
                 loss = loss + t.gamma * self.fea_weight * loss_u
-            out["loss_align"] = float(loss_u.detach())
+            out["loss_align"] = read(loss_u)
             if t.fea_gate != "none":
                 out["fea_weight"] = self.fea_weight
         if use_l:
             loss_l = energy_ops.energy_nll(energies[-1], yl.to(dev), tau=t.tau)
             loss = loss + t.delta_t * loss_l
-            out["loss_target"] = float(loss_l.detach())
+            out["loss_target"] = read(loss_l)
         if self.aux is not None:  # discriminator / committee / MME entropy / critic losses
             loss_aux, aux_logs = self.aux.loss(self, xs, ys)
             loss = loss + loss_aux
             out.update(aux_logs)
-        finite = bool(torch.isfinite(loss))
-        if self.world > 1:  # every rank stops together (a lone raise would hang the others)
-            finite = float(dist_ops.all_mean(torch.tensor(float(finite)))) == 1.0
-        if not finite:
-            raise FloatingPointError(f"loss became {float(loss)}; lower the learning rate")
+        if not lazy:
+            finite = bool(torch.isfinite(loss))
+            if self.world > 1:  # every rank stops together (a lone raise would hang the others)
+                finite = float(dist_ops.all_mean(torch.tensor(float(finite)))) == 1.0
+            if not finite:
+                raise FloatingPointError(f"loss became {float(loss)}; lower the learning rate")
         self.optimizer.zero_grad(set_to_none=True)
         if self.aux is not None:
             self.aux.zero_grad()
@@ -188,8 +219,20 @@ class StepMixin(TrainerBase):
             if self.world > 1:
                 dist_ops.average_gradients(self.aux.parameters())
             self.aux.step()
-        out["loss"] = float(loss.detach())
+        out["loss"] = read(loss)
         return out
+
+    @staticmethod
+    def check_finite(sums: dict[str, Any], steps: str) -> None:
+        """Raise ``FloatingPointError`` when a summed loss or ``Delta`` (device tensors of
+        :meth:`_train_step` with ``lazy``) is not finite: ONE read-back for the steps summed.
+        ``steps`` names them in the message."""
+        vals = [v for v in sums.values() if isinstance(v, torch.Tensor)]
+        if vals and not bool(torch.isfinite(torch.stack(vals)).all()):
+            bad = {k: float(v) for k, v in sums.items() if isinstance(v, torch.Tensor)}
+            raise FloatingPointError(
+                f"loss became non-finite within {steps} (sums {bad}); lower the learning rate"
+            )
 
     def _watch_alignment(self, record: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
         """Add an epoch's ``Delta``, ``L_fea`` and source NLL means to :attr:`alignment_log`
