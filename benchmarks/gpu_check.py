@@ -141,14 +141,23 @@ def install_missing() -> dict[str, str]:
 
 
 def link_data() -> str:
-    """``../shared/data`` -> the carried data, where the machine has none."""
+    """``../shared/data`` -> the carried data, where the machine has none (the tests read
+    it there); the fine-tuning reads :func:`office` wherever it is."""
     if SHARED.exists():
         return f"{SHARED} present"
     if not (DATA / "office31").is_dir():
         return "no data carried (run --prepare here first)"
-    SHARED.parent.mkdir(parents=True, exist_ok=True)
-    SHARED.symlink_to(DATA)
+    try:
+        SHARED.parent.mkdir(parents=True, exist_ok=True)
+        SHARED.symlink_to(DATA)
+    except OSError as err:
+        return f"could not link {SHARED} ({err}): the tests on real data skip"
     return f"{SHARED} -> {DATA}"
+
+
+def office() -> Path:
+    """The Office-31 folder: ``../shared/data/office31``, else the carried copy."""
+    return SHARED / "office31" if (SHARED / "office31").is_dir() else DATA / "office31"
 
 
 def run_tests(suite: str, timeout_s: float) -> dict[str, Any]:
@@ -317,7 +326,7 @@ def jpeg_decode(device: Any, quick: bool) -> dict[str, Any]:
 
     from PIL import Image
 
-    files = sorted((SHARED / "office31" / "webcam").rglob("*.jpg"))[: 32 if quick else None]
+    files = sorted((office() / "webcam").rglob("*.jpg"))[: 32 if quick else None]
     if not files:
         return {"note": "no images"}
 
@@ -365,9 +374,11 @@ def finetune(device: Any, quick: bool, epochs: int, workers: int) -> list[dict[s
         f"data.decode_cache_dir={tmp / 'decoded'}",
         "train.eval_every=1",
     ]
+    if not quick:
+        over += [f"data.source={office() / 'amazon'}", f"data.target={office() / 'webcam'}"]
     if quick:  # one image a class, small views, random init
         for dom in ("amazon", "webcam"):
-            for cls in sorted((SHARED / "office31" / dom / "images").iterdir()):
+            for cls in sorted((office() / dom / "images").iterdir()):
                 d = tmp / dom / "images" / cls.name
                 d.mkdir(parents=True)
                 (d / "1.jpg").symlink_to(sorted(cls.glob("*.jpg"))[0])
@@ -457,7 +468,7 @@ def table(record: dict[str, Any]) -> str:
         v = f"{r['variant']}, {'channels-last, ' if r['channels_last'] else ''}{r['precision']}"
         lines.append(
             f"| step {r['model']} | {v} | {r['steps_per_s']} | {r['images_per_s']:,} | | | "
-            f"peak {r['peak_gib']} GiB |"
+            f"peak {r['peak_gib'] if r['peak_gib'] is not None else '-'} GiB |"
         )
     for r in record["finetune"]:
         acc = f"target acc {r['target_accuracy']:.1f}" if "target_accuracy" in r else ""
@@ -480,12 +491,21 @@ def table(record: dict[str, Any]) -> str:
             f"Epoch / epoch from device tensors: {ratio:.2f} (goal <= 1.5); "
             f"mean SM utilisation {ft['new']['sm_util_mean']} % (goal >= 70).",
         ]
-        n_img = sum(ft["new"]["images"])
-        lines.append(
-            f"Full Office-31 A->W (ResNet-50, 2,817 + 795 images, 50 epochs) at this card's "
-            f"ResNet-50 EADA rate: see the step rows; Lite0 here {ft['new']['steady_epoch_s']} s "
-            f"an epoch for {n_img} images."
-        )
+        authors = [
+            r
+            for r in record["throughput"]
+            if r["variant"] == "EADA separate"
+            and not r["channels_last"]
+            and r["precision"] == "fp32"
+        ]
+        if authors:  # 2,817 source images / batch 32 = 88 steps an epoch (drop_last), 50 epochs
+            hours = 50 * 88 / authors[0]["steps_per_s"] / 3600
+            lines.append(
+                f"Paper's Office-31 A->W protocol ({authors[0]['model']}, 50 epochs of 88 EADA "
+                f"steps, fp32 separate as the authors): {hours:.2f} h of steps on this card; "
+                f"x {ratio:.2f} (the measured epoch / device-tensor epoch) = {hours * ratio:.2f} h "
+                "with this input pipeline, evaluation and selection passes excluded."
+            )
     return "\n".join(lines) + "\n"
 
 
