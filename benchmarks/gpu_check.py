@@ -18,17 +18,19 @@ On the GPU machine (``python benchmarks/gpu_check.py [--budget-s 560]``) it
 
 1. installs the carried wheels of whatever of :data:`CARRIED` does not import, and links
    ``../shared/data`` to the carried data where the machine has none;
-2. runs the device-relevant test files with CUDA visible (``--suite full``: every test);
-3. times the training step (the issue's table) for ResNet-50 and EfficientNet-Lite0 (random
+2. times the training step (the issue's table) for ResNet-50 and EfficientNet-Lite0 (random
    init, batch 32 a stream, 224 px, tensors already on the device, CUDA-synchronised, median
-   of ``--reps``): plain cross-entropy, EADA ``separate``/``fused``, channels-last, fp32/bf16;
-4. decodes the carried JPEGs with PIL (threads) and with ``torchvision.io.decode_jpeg`` on the
+   of ``--reps``): plain cross-entropy, EADA ``separate``/``fused``, channels-last,
+   fp32/bf16, and the last of them with ``train.compile``;
+3. decodes the carried JPEGs with PIL (threads) and with ``torchvision.io.decode_jpeg`` on the
    GPU (images/s);
-5. fine-tunes ``configs/office31_amazon_subset_webcam_lite0_frozen.yaml`` with
+4. fine-tunes ``configs/office31_amazon_subset_webcam_lite0_frozen.yaml`` with
    ``model.freeze_backbone=false`` for ``--epochs`` (5) epochs (``data.workers`` 8), timing every
    epoch with ``nvidia-smi`` sampling the SM utilisation, beside the old input path
    (``data.decode_cache_mb=0``, ``data.persistent_workers=false``, 2 epochs) and the same
    epoch fed from tensors already on the device;
+5. runs the device-relevant test files with CUDA visible (``--suite full``: every test) in
+   what is left of ``--budget-s`` (540 s);
 
 then prints one table, writes ``benchmarks/results/gpu_check_<card>_<date>.json`` and
 ``benchmarks/results/gpu_check_<card>_<date>.md`` (a section to append to BENCHMARKS.md).
@@ -266,12 +268,14 @@ def throughput(device: Any, quick: bool, reps: int) -> list[dict[str, Any]]:
             ("eada", "fused", True, False),
             ("eada", "separate", False, True),
             ("eada", "fused", True, True),
+            ("eada+compile", "fused", True, True),
         ]
         for kind, fwd, cl, bf16 in variants:
             if bf16 and device.type != "cuda":
                 continue
             cfg = base.model_copy(deep=True)
             cfg.train.forward, cfg.train.channels_last, cfg.train.amp = fwd, cl, bf16  # type: ignore[assignment]
+            cfg.train.compile = kind == "eada+compile"
             if kind == "ce":
                 torch.manual_seed(0)
                 model = build_model(cfg.model, (3, size, size), 31).to(device)
@@ -290,7 +294,8 @@ def throughput(device: Any, quick: bool, reps: int) -> list[dict[str, Any]]:
                 lab = torch.from_numpy(np.arange(0, n, 2))
                 tr.set_labels(lab, task.target.y[lab])
                 step, passes = tr.train_step, 3  # type: ignore[assignment]
-            step()
+            for _ in range(3 if cfg.train.compile else 1):  # compiles (and recompiles) first
+                step()
             _sync(device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -306,7 +311,9 @@ def throughput(device: Any, quick: bool, reps: int) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "model": name,
-                    "variant": "plain cross-entropy" if kind == "ce" else f"EADA {fwd}",
+                    "variant": "plain cross-entropy"
+                    if kind == "ce"
+                    else f"EADA {fwd}" + (" + torch.compile" if cfg.train.compile else ""),
                     "channels_last": cl,
                     "precision": "bf16" if bf16 else "fp32",
                     "steps_per_s": round(sps, 2),
@@ -518,12 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="every step tiny (with --device cpu)")
     ap.add_argument("--dry-run", action="store_true", help="= --device cpu --quick")
     ap.add_argument("--suite", choices=("device", "full", "none"), default="device")
-    ap.add_argument("--tests-timeout-s", type=float, default=240)
+    ap.add_argument(
+        "--budget-s", type=float, default=540, help="the tests run last, in what is left of it"
+    )
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
+    started = time.perf_counter()
     if args.prepare:
         return prepare(args.python.split(","), args.platform)
     if args.dry_run:
@@ -555,11 +565,17 @@ def main(argv: list[str] | None = None) -> int:
     record["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     record["torch"] = torch.__version__
     record["python"] = platform.python_version()
-    record["tests"] = {} if args.suite == "none" else run_tests(args.suite, args.tests_timeout_s)
-    say(f"tests {record['tests'].get('summary')}")
     record["throughput"] = throughput(device, args.quick, args.reps)
     record["jpeg"] = jpeg_decode(device, args.quick)
     record["finetune"] = finetune(device, args.quick, args.epochs, args.workers)
+    left = args.budget_s - (time.perf_counter() - started)  # the tests get what is left
+    if args.suite == "none":
+        record["tests"] = {}
+    elif left < 30:
+        record["tests"] = {"summary": f"not run: {left:.0f} s of --budget-s left"}
+    else:
+        record["tests"] = run_tests(args.suite, left)
+    say(f"tests {record['tests'].get('summary')}")
     text = table(record)
     print(text)
     slug = "".join(c if c.isalnum() else "_" for c in record["card"]).strip("_").lower()

@@ -282,6 +282,9 @@ class TrainConfig(_Strict):
     # default: reading costs nothing there) or every N steps (0 = auto: 25 on CUDA), the
     # losses summed on the device meanwhile and the non-finite check done at that cadence
     sync_every: int = Field(0, ge=0)
+    # torch.compile the step's forward passes (eada.train.forward.StepForward): an option for
+    # GPUs, where benchmarks/gpu_check.py measures whether it is faster; off by default
+    compile: bool = False
     forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
     channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
     loaders: Literal["continuous", "per_epoch"] = "continuous"  # see the class docstring

@@ -139,6 +139,8 @@ class ActiveDATrainer(StepMixin, SelectionMixin, EvaluationMixin, StateMixin):
         self._step: nn.Module = StepForward(
             self.model, cfg.train.forward, torch.bfloat16 if amp else None, cfg.train.channels_last
         )
+        if cfg.train.compile:  # the step's forward passes through torch.compile (train.compile)
+            self._step = torch.compile(self._step)  # type: ignore[assignment]
         if self.world > 1:  # one DDP forward call a step, whichever forward mode runs inside
             from torch.nn.parallel import DistributedDataParallel
 
