@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CARRY = ROOT / ".cache" / "gpu_check"
 WHEELS = CARRY / "wheels"
 DATA = CARRY / "data"
+SITE = CARRY / "site"  # where the carried wheels are installed (pip install --target)
 SHARED = ROOT.parent / "shared" / "data"
 #: distribution -> module: what the project needs that the GPU machine lacked (issue 29)
 CARRIED = {
@@ -132,12 +133,19 @@ def install_missing() -> dict[str, str]:
             out[dist] = "present"
         except ImportError:
             missing.append(dist)
-    if missing:
+    if missing:  # into a folder of their own: no system or environment is touched
         cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
-        cmd += ["--find-links", str(WHEELS), *missing]
+        cmd += ["--target", str(SITE), "--find-links", str(WHEELS), *missing]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         for d in missing:
-            out[d] = "installed" if proc.returncode == 0 else f"FAILED: {proc.stderr[-300:]}"
+            out[d] = (
+                f"installed in {SITE}" if proc.returncode == 0 else f"FAILED: {proc.stderr[-300:]}"
+            )
+    if SITE.is_dir():
+        sys.path.insert(0, str(SITE))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [str(SITE), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
         importlib.invalidate_caches()
     return out
 

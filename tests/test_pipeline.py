@@ -317,3 +317,16 @@ def test_a_non_finite_loss_is_caught_at_the_cadence() -> None:
     with pytest.raises(FloatingPointError, match=r"non-finite within steps \d+-\d+ of epoch"):
         tr.run()
     assert _toy(0).sync_every == 1  # auto on the CPU: every step, checked before the update
+
+
+def test_train_compile_wraps_the_step_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train.compile``: the step's forward passes go through ``torch.compile`` (recorded
+    here: inductor needs a compiler this test does not assume); off by default."""
+    from eada.train.forward import StepForward
+
+    seen: list[Any] = []
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: seen.append(m) or m)
+    assert _toy(1)._step is not None and not seen
+    tr = _toy(1, "train.compile=true")
+    assert len(seen) == 1 and isinstance(seen[0], StepForward)
+    assert set(tr.train_step()) >= {"loss", "delta"}
