@@ -314,7 +314,7 @@ def _queried_html(g: RunGroup, figs: _Figures, data: _Data) -> str:
                 imgs = next(iterate_inputs(task.target.view("test"), [torch.from_numpy(idx)]))
                 if imgs.ndim != 4 or imgs.shape[1] not in (1, 3):
                     break  # e.g. pre-extracted features: nothing to look at
-                grid_rows.append((f"round {r['round']}", imgs.numpy(), caps, wrong))
+                grid_rows.append((f"round {r['round']}", imgs.cpu().numpy(), caps, wrong))
             if not grid_rows:
                 out.append('<p class="note">The inputs are not images (e.g. features).</p>')
             else:
