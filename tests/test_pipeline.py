@@ -330,3 +330,30 @@ def test_train_compile_wraps_the_step_forward(monkeypatch: pytest.MonkeyPatch) -
     tr = _toy(1, "train.compile=true")
     assert len(seen) == 1 and isinstance(seen[0], StepForward)
     assert set(tr.train_step()) >= {"loss", "delta"}
+
+
+def test_a_complete_decode_cache_spares_the_data_check_its_decoding(
+    tmp_path: Path, factory_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """First task load: the data check decodes every image, the cache fill once more; a
+    second load (another seed, run, method) decodes none: the cache vouches for them."""
+    from eada.data import images as images_mod
+
+    src, tgt = _make_domain(tmp_path, "s", n=3), _make_domain(tmp_path, "t", n=3, shift=20)
+    cfg = parse_config(_raw(src, tgt, tmp_path, factory_module))
+    loads = {"n": 0}
+    real = images_mod.open_image
+
+    def counted(path: Path) -> Any:  # every decode of an image goes through it
+        loads["n"] += 1
+        return real(path)
+
+    monkeypatch.setattr(images_mod, "open_image", counted)
+    load_task(cfg.data, 0, cfg.model)
+    assert loads["n"] == 2 * 12  # 12 images: the check, then the fill
+    loads["n"] = 0
+    task = load_task(cfg.data, 1, cfg.model)
+    assert loads["n"] == 0 and task.target.decode_cache is not None
+    (tgt / "images" / "blue" / "img 0.jpg").write_bytes(b"not a jpeg")  # changed: checked
+    with pytest.raises(Exception, match=r"img 0\.jpg"):
+        load_task(cfg.data, 2, cfg.model)

@@ -184,6 +184,12 @@ def _offsets(plan: CachePlan) -> dict[str, np.ndarray]:
     return out
 
 
+def cache_complete(plan: CachePlan, folder: Path) -> bool:
+    """Whether ``folder`` holds the complete cache of ``plan`` (its index is written last)."""
+    path = folder / f"{plan.key}.u8"
+    return path.is_file() and path.with_suffix(".npz").is_file()
+
+
 def fill_cache(
     plan: CachePlan,
     folder: Path,
@@ -202,7 +208,7 @@ def fill_cache(
     from eada.runs import tmp_name
 
     path = folder / f"{plan.key}.u8"
-    if path.with_suffix(".npz").is_file() and path.is_file():
+    if cache_complete(plan, folder):
         return DecodeCache(path)
     folder.mkdir(parents=True, exist_ok=True)
     offsets = _offsets(plan)
@@ -263,11 +269,7 @@ def decode_caches(
         return None
     total = sum(p.nbytes for p in plans)
     parts = ", ".join(f"{p.name} {len(p.paths)} images {mib(p.nbytes)}" for p in plans)
-    need = sum(
-        p.nbytes
-        for p in plans
-        if not (folder / f"{p.key}.npz").is_file() or not (folder / f"{p.key}.u8").is_file()
-    )
+    need = sum(p.nbytes for p in plans if not cache_complete(p, folder))
     probe = folder if folder.exists() else next((q for q in folder.parents if q.exists()), None)
     free = shutil.disk_usage(probe).free if probe is not None else 0
     if total > limit_mb * 2**20 or need > free:

@@ -20,7 +20,7 @@ import torch
 
 from eada.config import FeatureData, ImageListData, ModelConfig
 from eada.data.base import Task, TensorDomain
-from eada.data.decoded import base_of, decode_caches, plan_cache
+from eada.data.decoded import base_of, cache_complete, decode_caches, plan_cache
 from eada.data.features import (
     cache_key,
     cached_features,
@@ -163,7 +163,8 @@ def load_image_task(
 ) -> Task:
     """Image domains, or (``model.freeze_backbone``) cached backbone features of them."""
     check = cached_feature_domains(cfg, model, device)
-    lists, skipped = checked_image_lists(cfg, check, check.extract if check else None)
+    vouch = check if check is not None else decode_cache_vouches(cfg, model)
+    lists, skipped = checked_image_lists(cfg, vouch, check.extract if check else None)
     domains, notes = image_domains(cfg, model, lists, device, check=check)
     notes = {"skipped_images": skipped, **notes}
     return Task(domains["source"], domains["target"], domains.get("heldout"), notes)
@@ -378,8 +379,7 @@ def image_domains(
         # the unlabeled-target training stream (data.transforms.unlabeled_view)
         unl = cfg.transforms.unlabeled_view
         views["unlabeled"] = views["train"] if unl == "train" else build_transform(unl, spec, norm)
-        kinds: dict[str, View] = {"train": "train", "test": "test", "score": "score"}
-        kinds["unlabeled"] = unl
+        kinds = view_kinds(cfg)
         dev = torch.device(
             "cuda"
             if device == "cuda" or (device == "auto" and torch.cuda.is_available())
@@ -406,6 +406,34 @@ def image_domains(
         for role, c in zip(lists, caches or [], strict=False):
             domains[role].decode_cache = c
     return domains, notes
+
+
+def view_kinds(cfg: ImageListData) -> dict[str, View]:
+    """The kind of each view a fine-tuning domain is read through (``unlabeled``:
+    ``data.transforms.unlabeled_view``)."""
+    return {"train": "train", "test": "test", "score": "score",
+            "unlabeled": cfg.transforms.unlabeled_view}  # fmt: skip
+
+
+def decode_cache_vouches(
+    cfg: ImageListData, model: ModelConfig | None
+) -> Callable[[str, ImageList], bool] | None:
+    """For fine-tuning with the decode cache on: ``decoded(role, images)``, whether a complete
+    decode cache of those images (same paths, sizes, modification times) exists: every image
+    decoded when it was filled, so the data check need not decode them again."""
+    if (model is not None and model.freeze_backbone) or cfg.decode_cache_mb <= 0:
+        return None
+    spec = transform_spec(cfg)
+    bases = [base_of(k, spec) for k in view_kinds(cfg).values()]
+
+    def decoded(role: str, images: ImageList) -> bool:
+        try:
+            plan = plan_cache(role, images.paths, spec, bases)
+        except OSError:  # a missing or unreadable header: the check decodes and reports it
+            return False
+        return cache_complete(plan, cfg.decode_cache_dir)
+
+    return decoded
 
 
 def _say(message: str) -> None:
