@@ -78,6 +78,7 @@ def _cfg(src: Path, tgt: Path, factory: str, tmp_path: Path, **model: object) ->
             "transforms": {"resize": 36, "crop": 32, "test_resize": 36},
             "workers": 0,
             "cache_dir": str(tmp_path / "cache"),
+            "decode_cache_dir": str(tmp_path / "decoded"),
         },
         "model": {
             "name": "backbone",
