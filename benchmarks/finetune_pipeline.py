@@ -141,6 +141,7 @@ def main() -> None:
         sys.exit(f"error: real data not found at {OFFICE}")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT / "src")}
     rows = []
+    load_before = os.getloadavg()  # the machine is shared: say how busy it was
     with tempfile.TemporaryDirectory() as tmp:
         for dom in ("amazon", "webcam"):
             subset(Path(tmp), dom, args.per_class)
@@ -172,6 +173,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}",
         "threads": args.threads,
+        "load_average_1_5_15_before_after": [list(load_before), list(os.getloadavg())],
         "workers": args.workers,
         "per_class": args.per_class,
         "epochs": args.epochs,
