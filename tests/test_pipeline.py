@@ -358,3 +358,23 @@ def test_a_complete_decode_cache_spares_the_data_check_its_decoding(
     (tgt / "images" / "blue" / "img 0.jpg").write_bytes(b"not a jpeg")  # changed: checked
     with pytest.raises(Exception, match=r"img 0\.jpg"):
         load_task(cfg.data, 2, cfg.model)
+
+
+def test_views_run_on_the_training_device_without_reading_it_back(
+    tmp_path: Path, factory_module: str
+) -> None:
+    """The device side of the cached path on a stand-in device: ``meta`` tensors have no
+    values, so any read-back (a ``.item()``, a Python ``if`` on a tensor) would raise; every
+    batch of every view comes out on that device, labels on the host."""
+    src, tgt = _make_domain(tmp_path, "s", n=4), _make_domain(tmp_path, "t", n=4, shift=20)
+    raw = _raw(src, tgt, tmp_path, factory_module)
+    raw["data"]["transforms"] = {"resize": 36, "crop": 32, "test_resize": 40, "hflip": True}
+    cfg = parse_config(raw)
+    task = load_task(cfg.data, 0, cfg.model)
+    meta = torch.device("meta")
+    for view in ("train", "unlabeled", "test", "score"):
+        d = task.target.view(view)
+        d.device = meta
+        for x, y in iterate_items(d, chunks(torch.arange(8), 3)):
+            assert x.device == meta and tuple(x.shape[1:]) == (3, 32, 32)
+            assert y.device.type == "cpu"
