@@ -281,56 +281,65 @@ def throughput(device: Any, quick: bool, reps: int) -> list[dict[str, Any]]:
         for kind, fwd, cl, bf16 in variants:
             if bf16 and device.type != "cuda":
                 continue
-            cfg = base.model_copy(deep=True)
-            cfg.train.forward, cfg.train.channels_last, cfg.train.amp = fwd, cl, bf16  # type: ignore[assignment]
-            cfg.train.compile = kind == "eada+compile"
-            if kind == "ce":
-                torch.manual_seed(0)
-                model = build_model(cfg.model, (3, size, size), 31).to(device)
-                opt = build_optimizer(cfg.optim, model)
-                xs, ys = src_d.x[:batch], src_d.y[:batch].to(device)
+            try:
+                cfg = base.model_copy(deep=True)
+                cfg.train.forward, cfg.train.channels_last, cfg.train.amp = fwd, cl, bf16  # type: ignore[assignment]
+                cfg.train.compile = kind == "eada+compile"
+                if kind == "ce":
+                    torch.manual_seed(0)
+                    model = build_model(cfg.model, (3, size, size), 31).to(device)
+                    opt = build_optimizer(cfg.optim, model)
+                    xs, ys = src_d.x[:batch], src_d.y[:batch].to(device)
 
-                def step(model: Any = model, opt: Any = opt, xs: Any = xs, ys: Any = ys) -> None:
-                    loss = F.cross_entropy(-model(xs), ys)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
+                    def step(
+                        model: Any = model, opt: Any = opt, xs: Any = xs, ys: Any = ys
+                    ) -> None:
+                        loss = F.cross_entropy(-model(xs), ys)
+                        opt.zero_grad(set_to_none=True)
+                        loss.backward()
+                        opt.step()
 
-                passes = 1
-            else:
-                tr = ActiveDATrainer(cfg, task)
-                lab = torch.from_numpy(np.arange(0, n, 2))
-                tr.set_labels(lab, task.target.y[lab])
-                step, passes = tr.train_step, 3  # type: ignore[assignment]
-            for _ in range(3 if cfg.train.compile else 1):  # compiles (and recompiles) first
-                step()
-            _sync(device)
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            times = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                for _ in range(steps):
+                    passes = 1
+                else:
+                    tr = ActiveDATrainer(cfg, task)
+                    lab = torch.from_numpy(np.arange(0, n, 2))
+                    tr.set_labels(lab, task.target.y[lab])
+                    step, passes = tr.train_step, 3  # type: ignore[assignment]
+                for _ in range(3 if cfg.train.compile else 1):  # compiles (and recompiles) first
                     step()
                 _sync(device)
-                times.append(time.perf_counter() - t0)
-            sps = steps / statistics.median(times)
-            peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
-            rows.append(
-                {
-                    "model": name,
-                    "variant": "plain cross-entropy"
-                    if kind == "ce"
-                    else f"EADA {fwd}" + (" + torch.compile" if cfg.train.compile else ""),
-                    "channels_last": cl,
-                    "precision": "bf16" if bf16 else "fp32",
-                    "steps_per_s": round(sps, 2),
-                    "images_per_s": round(sps * batch * passes),
-                    "peak_gib": None if peak is None else round(peak, 2),
-                }
-            )
-            say(f"step {rows[-1]}")
-            del step
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                times = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    for _ in range(steps):
+                        step()
+                    _sync(device)
+                    times.append(time.perf_counter() - t0)
+                sps = steps / statistics.median(times)
+                peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+                rows.append(
+                    {
+                        "model": name,
+                        "variant": "plain cross-entropy"
+                        if kind == "ce"
+                        else f"EADA {fwd}" + (" + torch.compile" if cfg.train.compile else ""),
+                        "channels_last": cl,
+                        "precision": "bf16" if bf16 else "fp32",
+                        "steps_per_s": round(sps, 2),
+                        "images_per_s": round(sps * batch * passes),
+                        "peak_gib": None if peak is None else round(peak, 2),
+                    }
+                )
+                say(f"step {rows[-1]}")
+            except Exception as err:  # one variant failing must not lose the others
+                rows.append({"model": name, "variant": f"{kind} {fwd} cl={cl} bf16={bf16}",
+                             "channels_last": cl, "precision": "bf16" if bf16 else "fp32",
+                             "steps_per_s": None, "images_per_s": 0, "peak_gib": None,
+                             "error": f"{type(err).__name__}: {str(err)[:300]}"})  # fmt: skip
+                say(f"step FAILED {rows[-1]}")
+            step = None  # type: ignore[assignment]
     return rows
 
 
@@ -468,6 +477,19 @@ def finetune(device: Any, quick: bool, epochs: int, workers: int) -> list[dict[s
     return rows
 
 
+def phase(run: Any, empty: Any) -> Any:
+    """``run()``, or ``empty`` (the error printed) when it fails: the other phases still run
+    and the record is still written."""
+    try:
+        return run()
+    except Exception as err:
+        import traceback
+
+        traceback.print_exc()
+        say(f"phase FAILED: {type(err).__name__}: {err}")
+        return empty
+
+
 def table(record: dict[str, Any]) -> str:
     """The one table (Markdown), with the card, date and the goals' ratios."""
     lines = [
@@ -483,7 +505,8 @@ def table(record: dict[str, Any]) -> str:
         v = f"{r['variant']}, {'channels-last, ' if r['channels_last'] else ''}{r['precision']}"
         lines.append(
             f"| step {r['model']} | {v} | {r['steps_per_s']} | {r['images_per_s']:,} | | | "
-            f"peak {r['peak_gib'] if r['peak_gib'] is not None else '-'} GiB |"
+            f"peak {r['peak_gib'] if r['peak_gib'] is not None else '-'} GiB "
+            f"{r.get('error', '')} |"
         )
     for r in record["finetune"]:
         acc = f"target acc {r['target_accuracy']:.1f}" if "target_accuracy" in r else ""
@@ -573,9 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     record["date"] = time.strftime("%Y-%m-%d", time.gmtime())
     record["torch"] = torch.__version__
     record["python"] = platform.python_version()
-    record["throughput"] = throughput(device, args.quick, args.reps)
-    record["jpeg"] = jpeg_decode(device, args.quick)
-    record["finetune"] = finetune(device, args.quick, args.epochs, args.workers)
+    record["throughput"] = phase(lambda: throughput(device, args.quick, args.reps), [])
+    record["jpeg"] = phase(lambda: jpeg_decode(device, args.quick), {})
+    record["finetune"] = phase(lambda: finetune(device, args.quick, args.epochs, args.workers), [])
     left = args.budget_s - (time.perf_counter() - started)  # the tests get what is left
     if args.suite == "none":
         record["tests"] = {}
