@@ -15,6 +15,7 @@ import eada
 from eada.cli import main
 from eada.hparams import preset_config
 from eada.store import Project, init_project
+from eada.store.db import SCHEMA_VERSION
 from eada.store.labels import LabelConflictError
 
 TOY = [
@@ -105,7 +106,10 @@ def test_csv_skip_partial_train_and_counts(proj: Project, tmp_path: Path, capsys
     ).fetchone()[0]
     assert in_pool == 0
     # a later label undoes the skip (same annotator: no conflict); history keeps the skip
-    out = eada.import_labels(p, [{"sample_id": skipped_id, "label": _truth(p, again[4])}])
+    who = next(a["annotator"] for a in p.store.answers() if a["sample_id"] == skipped_id)
+    out = eada.import_labels(
+        p, [{"sample_id": skipped_id, "label": _truth(p, again[4])}], annotator=who
+    )
     assert out["unskipped"] == 1 and p.status()["n_skipped"] == 0
     p.export(tmp_path / "exp")
     with open(tmp_path / "exp" / "labels_history.csv", newline="") as fh:
@@ -209,7 +213,7 @@ def test_a_schema_1_store_is_migrated_with_every_label_kept(proj: Project) -> No
     )
     db.close()
     p = Project(proj.folder)
-    assert p.store.get_meta("schema_version") == "2"
+    assert p.store.get_meta("schema_version") == str(SCHEMA_VERSION)
     after = [tuple(r)[:9] for r in p.store.conn.execute("SELECT * FROM labels ORDER BY id")]
     assert after == [r[:9] for r in before]
     assert (

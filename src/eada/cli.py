@@ -331,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("preset")
     cs.add_argument("--method", default=None)
     cs.set_defaults(func=_cmd_config_show)
+    from eada.store.cli import add_config_set
+
+    add_config_set(csub)  # eada config set --store DIR store.KEY=VALUE
 
     from eada.data.commands import add_data_commands
 

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+from shlex import quote
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ def _say_next(command: str) -> None:
 def next_command(action: str, store: str, proj: Any = None) -> str:
     """The full command (one can paste it) for the schedule's next ``action`` (``label``,
     ``query``, ``train``, ``done``) of the project at ``store``."""
-    s = store if " " not in store else f"'{store}'"
+    s = quote(store)
     if action == "label":
         rounds = proj.store.active_rounds() if proj is not None else []
         f = f"{s}/exports/round-{rounds[-1]['number']:03d}.csv" if rounds else "FILE"
@@ -200,9 +201,32 @@ def _cmd_target_scan(args: argparse.Namespace) -> int:
 def _cmd_label_import(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.import_labels(args.file, args.annotator, args.allow_unqueried, args.force)
-    console.print(f"imported {args.file} ({out['format']}): {import_summary(out)}")
+    _say(f"imported {args.file} ({out['format']}): {import_summary(out)}")
+    print_disputes(out["disputes"], args.store)
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
+
+
+def _say(text: str) -> None:
+    """One unwrapped line on stdout (file names and annotators are never split)."""
+    console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+
+def print_disputes(disputes: list[dict[str, Any]], store: str, head: str = "disputed") -> None:
+    """Each open dispute on one line (sample, file, every annotator's answer and where it
+    came from) and how a policy settles them."""
+    from eada.store.agreement import dispute_line
+
+    if not disputes:
+        return
+    _say(
+        f"{len(disputes)} {head} sample(s): the annotators disagree; they stay unanswered "
+        "(or keep the label in force) until they agree, a reviewer answers, or a policy "
+        f"settles them: eada config set --store {quote(store)} store.conflicts=majority "
+        "(or newest-wins, or reviewer with store.reviewer=NAME)"
+    )
+    for d in disputes:
+        _say(f"  {dispute_line(d)}")
 
 
 def import_summary(out: dict[str, Any]) -> str:
@@ -214,7 +238,11 @@ def import_summary(out: dict[str, Any]) -> str:
     text = ", ".join(parts)
     if out.get("replaced_other_annotators"):
         n_forced = out["replaced_other_annotators"]
-        text += f" ({n_forced} replaced another annotator's label, forced)"
+        text += f" ({n_forced} replaced another annotator's label by the conflicts policy)"
+    if out.get("settled"):
+        text += f", {out['settled']} disagreement(s) settled"
+    if out.get("disputes"):
+        text += f", {len(out['disputes'])} disputed"
     n = out["pending"]
     verb = "sample awaits" if n == 1 else "samples await"
     return text + f"; {n} queried {verb} an answer"
@@ -271,7 +299,8 @@ def _cmd_ls_pull(args: argparse.Namespace) -> int:
     from eada.store import labelstudio
 
     out = labelstudio.pull(_project(args), force=args.force)
-    console.print(f"pulled {out['file']}: {import_summary(out)}")
+    _say(f"pulled {out['file']}: {import_summary(out)}")
+    print_disputes(out["disputes"], args.store)
     return 0
 
 
@@ -321,6 +350,14 @@ def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
                 f"{who}: {c['labeled']} labeled, {c['skipped']} skipped"
                 for who, c in st["annotators"].items()
             )
+        )
+    if st.get("disputes"):
+        print_disputes(st["disputes"], store)
+    for a in st.get("agreement") or []:
+        kappa = "undefined" if a["kappa"] is None else f"{a['kappa']:.3f}"
+        _say(
+            f"agreement {a['annotators'][0]} / {a['annotators'][1]}: {a['agree']}/{a['n']} "
+            f"samples answered alike ({a['percent']:.1f}%), Cohen's kappa {kappa}"
         )
     h = Table(title="accuracy history")
     for col in ("epoch", "labeled", "target %", "heldout %"):
@@ -392,6 +429,45 @@ def _cmd_export(args: argparse.Namespace) -> int:
     for k, v in files.items():
         console.print(f"{k:<20} {v}")
     return 0
+
+
+def _cmd_config_set(args: argparse.Namespace) -> int:
+    import yaml
+
+    from eada.config import ConfigError
+
+    updates: dict[str, Any] = {}
+    for item in args.pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("store."):
+            raise ConfigError(
+                f"{item!r}: expected store.KEY=VALUE (e.g. store.conflicts=majority)"
+            )
+        updates[key[len("store.") :]] = yaml.safe_load(value) if value else None
+    proj = _project(args)
+    out = proj.set_options(updates)
+    _say(
+        f"project {args.store}: "
+        + ", ".join(f"store.{k}={out['store'][k]}" for k in updates)
+    )
+    got = out["settled"]
+    if got.get("settled"):
+        _say(f"{got['settled']} dispute(s) settled by the new policy")
+    print_disputes(proj.status()["disputes"], args.store, head="still disputed")
+    return 0
+
+
+def add_config_set(csub: Any) -> None:
+    """``eada config set --store DIR store.KEY=VALUE ...`` under ``eada config``."""
+    p = csub.add_parser(
+        "set",
+        help="change the store: section of a project after init (store.conflicts, "
+        "store.conflict_tie, store.reviewer, store.label_studio_root, "
+        "store.near_duplicate_threshold)",
+    )
+    p.add_argument("pairs", nargs="+", metavar="store.KEY=VALUE")
+    p.add_argument("--store", default=None, help="project folder (as for the other commands)")
+    p.set_defaults(func=_cmd_config_set)
 
 
 def add_store_commands(sub: Any) -> None:

@@ -340,12 +340,13 @@ def fetch_tasks(project: Any, client: LabelStudioClient | None = None) -> list[d
 def pull(project: Any, force: bool = False, token: str | None = None) -> dict[str, Any]:
     """Import the connected Label Studio project's submitted annotations (the annotator's
     e-mail as ``label-studio:EMAIL``) and skipped tasks (as skips), validated and written
-    like a file import. Re-pulling unchanged annotations changes nothing.
+    like a file import. Several annotators of one task are several answers, settled by the
+    project's ``store.conflicts``; what none settles is a dispute (in the result's
+    ``disputes``), never a refused pull: the rest is imported. ``force``: the newest answer
+    wins. Re-pulling unchanged annotations changes nothing.
 
     Raises:
         LabelStudioError: not connected, Label Studio unreachable or the token refused.
-        LabelConflictError: an annotation would replace another annotator's label and
-            ``force`` is off (nothing written).
     """
     from eada.store.labelfiles import ImportFileError, read_label_studio
 
@@ -370,4 +371,5 @@ def pull(project: Any, force: bool = False, token: str | None = None) -> dict[st
         "human",
         False,
         force,
+        refuse_replacing=False,
     )

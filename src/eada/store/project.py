@@ -37,6 +37,7 @@ import torch
 from eada.config import ExperimentConfig, FeatureData
 from eada.data.features import domain_statistics
 from eada.store import labelstudio
+from eada.store.agreement import open_disputes, pairwise_agreement
 from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import StoreOptions, absolute_config, resolved_config
@@ -395,6 +396,13 @@ class Project(ProjectRounds):
             "rounds": rounds,
             "history": history,
             "accuracy": accuracy_summary(self, history),
+            "disputes": open_disputes(conn),
+            "agreement": pairwise_agreement(conn),
+            "conflicts": {
+                "policy": self.options.conflicts,
+                "tie": self.options.conflict_tie,
+                "reviewer": self.options.reviewer,
+            },
             "audit": audit_summary(conn),
             "coverage": class_coverage(conn),
             "pool_predicted": pool_predictions(conn),
@@ -406,6 +414,56 @@ class Project(ProjectRounds):
             },
             "next": self.next_action(),
         }
+
+    SETTABLE = ("conflicts", "conflict_tie", "reviewer", "label_studio_root",
+                "near_duplicate_threshold")
+
+    def set_options(self, updates: dict[str, Any]) -> dict[str, Any]:
+        """Change keys of the project's ``store:`` section after ``eada init`` (``eada config
+        set``): ``conflicts``, ``conflict_tie``, ``reviewer``, ``label_studio_root`` (every
+        target image must lie under it), ``near_duplicate_threshold``. Validated as at init;
+        a new conflicts policy settles the open disputes it can at once. Returns the new
+        section and the import result of that settling.
+
+        Raises:
+            ConfigError: a key that may not change after init, or an invalid value.
+        """
+        from eada.config import ConfigError
+        from eada.store.config import split_store_section
+
+        self.store.check_writable()
+        bad = sorted(set(updates) - set(self.SETTABLE))
+        if bad:
+            raise ConfigError(
+                f"store.{bad[0]} cannot change after `eada init`; settable: "
+                + ", ".join(f"store.{k}" for k in self.SETTABLE)
+            )
+        raw = self.store.get_json("config") or {}
+        section = {**(raw.get("store") or {}), **updates}
+        if section.get("label_studio_root") is not None:
+            section["label_studio_root"] = str(Path(section["label_studio_root"]).absolute())
+        _, options = split_store_section({"store": section})
+        if options.label_studio_root is not None:
+            root = label_studio_root([], options.label_studio_root)
+            assert root is not None
+            outside = [
+                r["path"]
+                for r in self.store.samples("target")
+                if r["path"] and root not in Path(r["path"]).parents
+            ]
+            if outside:
+                raise ConfigError(
+                    f"store.label_studio_root {root}: {len(outside)} target image(s) lie "
+                    f"outside it (first: {outside[0]}); name a folder that holds them all"
+                )
+        with self.store.transaction():
+            self.store.set_meta(
+                "config", json.dumps({**raw, "store": options_json(options)}, default=str)
+            )
+        self.options = options
+        settled = self._write_labels([], "(store.conflicts changed)", "", "policy", "config",
+                                     "human", False)
+        return {"store": options_json(options), "settled": settled}
 
     def export(self, out: str | Path, force: bool = False) -> dict[str, str]:
         """Write ``labels.csv`` (labels in force), ``labels_history.csv`` (every row,

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from eada.store import labelstudio
+from eada.store.agreement import open_disputes
 from eada.store.checkpoints import crash_point
 from eada.store.db import AUDIT, StoreError, how, now
 from eada.store.labelfiles import (
@@ -339,8 +340,10 @@ class ProjectRounds(ProjectLabels):
     def round_rows(self, number: int) -> list[dict[str, Any]]:
         """Round ``number``'s selected samples in rank order: ids, path, the model's class and
         score, the strategy's scores and the answer in force (``label``, ``annotator``,
-        ``skip``) and ``near_duplicate_of`` (an earlier-ranked sample of the round whose
-        features are near-identical)."""
+        ``skip``), ``dispute`` (each annotator's answer where they disagree) and
+        ``near_duplicate_of`` (an earlier-ranked sample of the round whose features are
+        near-identical). An audit round's rows (``audit`` true) are blind: no model guess,
+        score or strategy score (the estimate reads them from the store, not the files)."""
         rnd = self.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
         if rnd is None:
             raise StoreError(f"no round {number} in this project")
@@ -348,13 +351,22 @@ class ProjectRounds(ProjectLabels):
         extra = round_rows_extra(self.store.conn)
         answers = {a["sample_id"]: a for a in self.store.answers()}
         dups = {d["sample_id"]: d for d in json.loads(rnd["info"]).get("near_duplicates", [])}
+        disputed = {d["sample_id"]: d for d in open_disputes(self.store.conn)}
+        audit = rnd["strategy"] == AUDIT
         for s in self.store.selected(rnd["id"]):
             ans = answers.get(s["sample_id"])
             sc = json.loads(s["scores"])
             pred = sc.pop("predicted")
+            if audit:  # blind: no model guess where an annotator sees an audit sample
+                pred, sc = None, {}
             dup = dups.get(s["sample_id"])
+            dis = disputed.get(s["sample_id"])
             rows.append(
                 {
+                    "audit": audit,
+                    "dispute": None
+                    if dis is None
+                    else "; ".join(f"{a}: {v}" for a, v in dis["answers"].items()),
                     "near_duplicate_of": None
                     if dup is None
                     else f"{dup['of']} (cosine {dup['cosine']:.3f})",
