@@ -131,10 +131,23 @@ def _cmd_query(args: argparse.Namespace) -> int:
         if args.budget is not None:
             raise ValueError("--audit N draws N random samples; drop --budget")
         out = proj.audit(args.audit)
-        console.print(
-            f"round {out['round']}: {out['selected']} samples drawn uniformly at random from a "
-            f"pool of {out['pool']} (audit round)"
-        )
+        if out["reexported"]:
+            _say(
+                f"round {out['round']}: the audit round recorded by an interrupted `eada query "
+                "--audit` is exported now (no second audit is drawn)"
+            )
+        else:
+            minus = ""
+            if out.get("excluded_pending"):
+                minus = (
+                    f" (the unlabeled pool minus the {out['excluded_pending']} samples round "
+                    f"{out['pending_round']} has out for labeling)"
+                )
+            _say(
+                f"round {out['round']}: {out['selected']} samples drawn uniformly at random from "
+                f"a pool of {out['pool']}{minus} (audit round; blind: no model guess in its "
+                "files or tasks)"
+            )
     else:
         out = proj.query(budget=args.budget)
         if out["reexported"]:
@@ -277,12 +290,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_ls_connect(args: argparse.Namespace) -> int:
     from eada.store import labelstudio
 
-    out = labelstudio.connect(_project(args), args.url, args.project, args.title)
-    console.print(
-        f"connected {args.store} to Label Studio project {out['project']} at {out['url']} "
-        f"(local-files storage {out['storage']}, document root {out['document_root']}); "
-        f"rounds pushed: {out['pushed'] or 'none yet'}"
+    out = labelstudio.connect(
+        _project(args), args.url, args.project, args.title, root=args.root, overlap=args.overlap
     )
+    storages = ", ".join(f"{i} ({p})" for p, i in (out.get("storage_paths") or {}).items())
+    _say(
+        f"connected {args.store} to Label Studio project {out['project']} at {out['url']} "
+        f"(local-files storage {storages or out['storage']}, document root "
+        f"{out['document_root']}"
+        + (f", {out['overlap']} annotators a task" if out.get("overlap") else "")
+        + f"); rounds pushed: {out['pushed'] or 'none yet'}"
+    )
+    if out["document_root"]:
+        _say(
+            "  Label Studio must run with LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED=true and "
+            f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={quote(out['document_root'])}"
+        )
     console.print(f"  open {out['url']}/projects/{out['project']}/data")
     return 0
 
@@ -587,6 +610,22 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument("--url", required=True, help="the Label Studio server, http://HOST:PORT")
     p.add_argument("--project", type=int, default=None, help="use this existing project id")
     p.add_argument("--title", default=None, help="title of the project to create")
+    p.add_argument(
+        "--root",
+        default=None,
+        metavar="DIR",
+        help="the folder Label Studio serves files from (its "
+        "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT): recorded as store.label_studio_root; needed "
+        "where the data roots share no safe folder",
+    )
+    p.add_argument(
+        "--overlap",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ask N annotators for every task (Label Studio's overlap); their disagreements "
+        "become disputes, settled by store.conflicts",
+    )
     p.set_defaults(func=_cmd_ls_connect)
     p = lssub.add_parser("push", help="send the rounds Label Studio has not received yet")
     store_arg(p)

@@ -365,12 +365,24 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
     return buf.getvalue()
 
 
+def model_version(round_number: int) -> str:
+    """The ``model_version`` of round ``round_number``'s pre-annotations (Label Studio shows
+    the predictions of its project's ``model_version``)."""
+    return f"eada-round-{round_number}"
+
+
 def label_studio_tasks(
     rows: list[dict[str, Any]], roots: list[Path], round_number: int
 ) -> list[dict[str, Any]]:
     """Label Studio import tasks: ``data`` holds the sample id, the image (served through
-    Label Studio's local-files storage, relative to the data root) or a text stand-in for
-    feature rows, and the per-sample scores; the model's guess is a pre-annotation."""
+    Label Studio's local-files storage, relative to the document root) or a text stand-in
+    for feature rows, and the per-sample scores; the model's guess is a pre-annotation
+    (none on an audit round's tasks, which carry ``data.audit``).
+
+    Raises:
+        ValueError: an image outside every document root in ``roots`` (its URL would not
+            resolve: no task file is written with it).
+    """
     tasks = []
     for r in rows:
         data: dict[str, Any] = {"sample_id": r["sample_id"], "round": r["round"], "rank": r["rank"]}
@@ -382,8 +394,16 @@ def label_studio_tasks(
                     for root in roots
                     if root.resolve() in p.parents
                 ),
-                str(p),
+                None,
             )
+            if rel is None:
+                shown = ", ".join(str(x) for x in roots) or "none"
+                raise ValueError(
+                    f"image {p} of sample {r['sample_id']} lies outside the Label Studio "
+                    f"document root ({shown}): its URL would not resolve; name a folder "
+                    "holding every target image with `eada labelstudio connect --root DIR` "
+                    "(or `eada config set store.label_studio_root=DIR`)"
+                )
             data["image"] = LS_LOCAL_PREFIX + quote(rel)  # relative to the document root
             data["path"] = r["path"]
         else:
@@ -402,7 +422,7 @@ def label_studio_tasks(
                 "data": data,
                 "predictions": [
                     {
-                        "model_version": f"eada-round-{round_number}",
+                        "model_version": model_version(round_number),
                         **({"score": float(r["score"])} if r.get("score") is not None else {}),
                         "result": [
                             {

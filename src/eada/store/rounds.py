@@ -21,7 +21,7 @@ from eada.store.labelfiles import (
     write_atomic,
 )
 from eada.store.labels import ProjectLabels
-from eada.store.roots import NO_DOCUMENT_ROOT, label_studio_root
+from eada.store.roots import NO_DOCUMENT_ROOT
 from eada.store.unlabeled import predicted_scores, round_rows_extra
 from eada.train import ActiveDATrainer
 
@@ -37,6 +37,7 @@ class ProjectRounds(ProjectLabels):
         strategy random state) in one transaction, and export it. When the last round still
         awaits labels, nothing is selected: its batch is exported again."""
         self.store.check_writable()
+        self.export_missing()
         rounds = self.store.active_rounds()
         if self.pending():
             last = rounds[-1]
@@ -193,18 +194,27 @@ class ProjectRounds(ProjectLabels):
         self.store.check_writable()
         if n < 1:
             raise ValueError(f"--audit must be >= 1, got {n}")
+        redo = self.export_missing()
+        last_round = self.store.rounds()[-1] if self.store.rounds() else None
+        if last_round is not None and last_round["strategy"] == AUDIT and (
+            last_round["number"] in redo
+        ):
+            # a retry of an audit killed after its round was recorded: the files, not a second
+            # audit
+            files = {
+                k: str(v) for k, v in self.round_files(last_round["number"]).items() if v.exists()
+            }
+            return {
+                "round": last_round["number"],
+                "audit": True,
+                "reexported": True,
+                "labelstudio_error": self._push_to_label_studio(),
+                "files": files,
+                "selected": last_round["budget"],
+                "pool": json.loads(last_round["info"]).get("pool"),
+                "epoch": last_round["epoch"],
+            }
         pending = self.pending()
-        if pending:
-            last = self.store.active_rounds()[-1]["number"]
-            raise StoreError(
-                f"round {last} awaits labels for {len(pending)} samples; an audit draws from the "
-                "unlabeled pool, so label that round first "
-                + "("
-                + how(
-                    f"eada label import FILE --store {self.folder}", "project.import_labels(FILE)"
-                )
-                + ")"
-            )
         ck = self.store.latest_checkpoint()
         epoch = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch":
@@ -218,6 +228,14 @@ class ProjectRounds(ProjectLabels):
         n_label_rows = self._n_label_rows()
         trainer.set_labels(*self._labels_tensor())
         free = ~trainer.labeled_mask & ~self._audit_mask()
+        skipped = [s["position"] for s in self.store.current_skips() if s["position"] >= 0]
+        if skipped:
+            free[torch.tensor(skipped, dtype=torch.long)] = False
+        # samples out for labeling in the open round are not drawn (their answers will come
+        # from the active round): the estimate is for the pool without them, and says so
+        out_now = [p["position"] for p in pending if p["position"] >= 0]
+        if out_now:
+            free[torch.tensor(out_now, dtype=torch.long)] = False
         pool = torch.nonzero(free).squeeze(1)
         if n > len(pool):
             raise StoreError(f"--audit {n}: the unlabeled pool holds only {len(pool)} samples")
@@ -245,7 +263,10 @@ class ProjectRounds(ProjectLabels):
             for k, pos in enumerate(chosen.tolist())
         ]
         n_trained = int(trainer.labeled_mask.sum())
-        info = {"pool": len(pool), "epoch": epoch, "n_labeled_trained": n_trained}
+        info: dict[str, Any] = {"pool": len(pool), "epoch": epoch, "n_labeled_trained": n_trained}
+        if out_now:
+            info["excluded_pending"] = len(out_now)
+            info["pending_round"] = self.store.active_rounds()[-1]["number"]
 
         def changed() -> str | None:
             if len(self.store.rounds()) == n_all and self._n_label_rows() == n_label_rows:
@@ -279,6 +300,8 @@ class ProjectRounds(ProjectLabels):
             "selected": n,
             "pool": len(pool),
             "epoch": epoch,
+            "excluded_pending": info.get("excluded_pending", 0),
+            "pending_round": info.get("pending_round"),
         }
 
     def _record_round(
@@ -387,6 +410,31 @@ class ProjectRounds(ProjectLabels):
             )
         return rows
 
+    def round_files(self, number: int) -> dict[str, Any]:
+        """The export files of round ``number`` (paths; they may not exist)."""
+        out = self.folder / "exports"
+        stem = out / f"round-{number:03d}"
+        return {
+            "csv": stem.with_suffix(".csv"),
+            "json": stem.with_suffix(".json"),
+            "label_studio": stem.with_name(stem.name + ".labelstudio.json"),
+            "label_studio_config": out / "labelstudio-config.xml",
+        }
+
+    def export_missing(self) -> list[int]:
+        """Export every round whose CSV or JSON is missing (a process killed between recording
+        a round and writing its files); returns their numbers. A store this user may not
+        write is left as it is."""
+        if self.store.readonly:
+            return []
+        done = []
+        for r in self.store.rounds():
+            f = self.round_files(r["number"])
+            if not f["csv"].is_file() or not f["json"].is_file():
+                self.export_round(r["number"])
+                done.append(r["number"])
+        return done
+
     def export_round(self, number: int) -> dict[str, str]:
         """Write round ``number``'s batch as CSV, JSON and Label Studio tasks (+ config)."""
         rows = self.round_rows(number)
@@ -394,13 +442,7 @@ class ProjectRounds(ProjectLabels):
         score_names = list(rows[0]["scores"]) if rows else []
         out = self.folder / "exports"
         out.mkdir(exist_ok=True)
-        stem = out / f"round-{number:03d}"
-        files = {
-            "csv": stem.with_suffix(".csv"),
-            "json": stem.with_suffix(".json"),
-            "label_studio": stem.with_name(stem.name + ".labelstudio.json"),
-            "label_studio_config": out / "labelstudio-config.xml",
-        }
+        files = self.round_files(number)
         write_atomic(files["csv"], export_rows_csv(rows, score_names))
         doc = {
             "round": number,
@@ -409,16 +451,27 @@ class ProjectRounds(ProjectLabels):
             "classes": self.classes,
             "samples": rows,
         }
-        root = label_studio_root(self.store.roots(), self.options.label_studio_root)
+        images = any(r["path"] for r in rows)
+        root = labelstudio.document_root_or_none(self) if images else None
         roots = [] if root is None else [root]
         doc["label_studio_document_root"] = None if root is None else str(root)
-        if root is None and any(r["path"] for r in rows):
-            doc["label_studio_note"] = NO_DOCUMENT_ROOT
+        tasks: list[dict[str, Any]] | None = None
+        if images and root is None:
+            doc["label_studio_note"] = NO_DOCUMENT_ROOT + (
+                f"; {files['label_studio'].name} is not written (its image URLs would not "
+                "resolve)"
+            )
+        else:
+            try:
+                tasks = label_studio_tasks(rows, roots, number)
+            except ValueError as err:
+                doc["label_studio_note"] = f"{err}; {files['label_studio'].name} is not written"
+        if tasks is None:  # never a Label Studio file with URLs that do not resolve
+            files["label_studio"].unlink(missing_ok=True)
+            del files["label_studio"]
         write_atomic(files["json"], json.dumps(doc, indent=1))
-        write_atomic(
-            files["label_studio"], json.dumps(label_studio_tasks(rows, roots, number), indent=1)
-        )
-        images = any(r["path"] for r in rows)
+        if tasks is not None:
+            write_atomic(files["label_studio"], json.dumps(tasks, indent=1))
         write_atomic(files["label_studio_config"], label_studio_config(self.classes, images))
         return {k: str(v) for k, v in files.items()}
 
