@@ -144,7 +144,7 @@ def read_csv(text: str) -> list[LabelItem]:
     optional ``annotator`` and ``skip`` (a reason: the sample is unusable, instead of a label).
     Other columns (scores, predictions) are ignored; rows with neither a label nor a skip
     reason are not answered yet."""
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
     try:
         fields = reader.fieldnames or []
     except csv.Error as err:
@@ -175,9 +175,7 @@ def read_csv(text: str) -> list[LabelItem]:
             if item is not None:
                 items.append(item)
     except csv.Error as err:
-        raise ImportFileError(
-            f"malformed CSV at row {row_no + 1} (line {reader.line_num}): {err}"
-        ) from None
+        raise ImportFileError(f"malformed CSV at row {row_no + 1}: {err}") from None
     return items
 
 

@@ -1,0 +1,235 @@
+"""Issue 30, without a server: the blind audit (no model guess in its files, marked; drawn while
+a round is out; a retry after a kill re-exports instead of drawing again), the Label Studio
+client's redirects (the token stays home), URLs checked, and every listed bad input a clear
+`error:` line with exit 2 or the right behaviour (toy data: seconds)."""
+
+from __future__ import annotations
+
+import csv
+import http.server
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import eada
+from eada.cli import main
+from eada.hparams import preset_config
+from eada.store import Project, init_project
+from eada.store.labelstudio import LabelStudioClient, LabelStudioError
+
+TOY = ["data.n_per_class=60", "train.epochs=3", "active.rounds_at=[1,2]", "active.budget_per_round=5"]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert lines, err
+    return _flat(err[err.index("error:") :])
+
+
+@pytest.fixture
+def proj(tmp_path: Path) -> Project:
+    p = init_project(tmp_path / "p", preset_config("toy", "eada", 0, TOY))
+    p.train()
+    p.query()
+    return p
+
+
+def _rows(p: Project, number: int = 1) -> list[dict[str, str]]:
+    with open(p.folder / "exports" / f"round-{number:03d}.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+# -- the blind audit ---------------------------------------------------------------------------
+def test_an_audit_is_blind_marked_drawn_while_a_round_is_out_and_never_drawn_twice(
+    proj: Project, capsys
+) -> None:
+    s = ["--store", str(proj.folder)]
+    pending = {int(r["sample_id"]) for r in _rows(proj)}
+    assert main(["query", *s, "--audit", "6"]) == 0  # round 1 is still out for labeling
+    out = _flat(capsys.readouterr().out)
+    assert "minus the 5 samples round 1 has out for labeling" in out and "blind" in out
+    rows = _rows(proj, 2)
+    assert len(rows) == 6 and not {int(r["sample_id"]) for r in rows} & pending
+    assert all(r["predicted"] == "" and r["score"] == "" and r["audit"] == "yes" for r in rows)
+    assert "free_energy" not in rows[0]
+    doc = json.loads((proj.folder / "exports" / "round-002.json").read_text())
+    assert all(r["predicted"] is None and r["scores"] == {} for r in doc["samples"])
+    tasks = json.loads((proj.folder / "exports" / "round-002.labelstudio.json").read_text())
+    assert all("predictions" not in t and t["data"]["audit"] for t in tasks)
+    assert "free_energy" not in tasks[0]["data"]
+    # the store keeps the guesses: the estimate is computed from them
+    p = Project(proj.folder)
+    a = p.status()["audit"]["rounds"][0]
+    assert a["excluded_pending"] == 5 and a["pool"] == len(p.store.samples("target")) - 5
+    # killed after the round was recorded, before its files: the retry exports them
+    for f in (proj.folder / "exports").glob("round-002*"):
+        f.unlink()
+    assert main(["query", *s, "--audit", "6"]) == 0
+    assert "no second audit" in _flat(capsys.readouterr().out)
+    p = Project(proj.folder)
+    assert len(p.store.audit_rounds()) == 1 and (proj.folder / "exports" / "round-002.csv").is_file()
+
+
+def test_the_ml_backend_gives_no_guess_for_an_audit_sample(proj: Project) -> None:
+    from eada.store.serve import Backend
+
+    proj.audit(3)
+    audit_ids = sorted(proj.store.audit_sample_ids())
+    other = int(_rows(proj)[0]["sample_id"])
+    got = Backend(proj).predict(
+        {"tasks": [{"data": {"sample_id": i}} for i in [*audit_ids, other]]}
+    )["results"]
+    assert [r["result"] for r in got[:3]] == [[], [], []] and got[3]["result"]
+
+
+# -- the token stays home ----------------------------------------------------------------------
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    seen: list[tuple[str, str | None]] = []
+    target = ""
+
+    def _answer(self) -> None:
+        type(self).seen.append((self.command, self.headers.get("Authorization")))
+        if self.path.startswith("/go"):
+            self.send_response(302)
+            self.send_header("Location", type(self).target + "/api/x")
+            self.end_headers()
+            return
+        body = b"{}"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _server(handler: type) -> Any:
+    srv = http.server.HTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_redirects_never_carry_the_token_away_nor_turn_a_post_into_a_get() -> None:
+    class Other(_Recorder):
+        seen: list[tuple[str, str | None]] = []
+
+    class Home(_Recorder):
+        seen: list[tuple[str, str | None]] = []
+
+    other, home = _server(Other), _server(Home)
+    try:
+        Home.target = f"http://127.0.0.1:{other.server_address[1]}"
+        client = LabelStudioClient(f"http://127.0.0.1:{home.server_address[1]}", "secret")
+        with pytest.raises(LabelStudioError, match="another origin"):
+            client.request("GET", "/go")
+        assert Other.seen == []  # nothing, token or not, reached the other host
+        Home.target = f"http://127.0.0.1:{home.server_address[1]}"  # same origin
+        assert client.request("GET", "/go") == {}
+        assert Home.seen[-1] == ("GET", "Token secret")
+        with pytest.raises(LabelStudioError, match="POST with a redirect"):
+            client.request("POST", "/go", {"a": 1})
+        assert [m for m, _ in Home.seen].count("POST") == 1  # never resent as a GET
+    finally:
+        other.shutdown()
+        home.shutdown()
+
+
+def test_a_url_that_is_not_http_host_port_is_named(proj: Project, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "x")
+    code = main(["labelstudio", "connect", "--store", str(proj.folder), "--url", "not-a-url"])
+    assert code == 2
+    assert "expected http://HOST:PORT" in _error(capsys.readouterr().err)
+
+
+# -- label files that were accepted but wrong --------------------------------------------------
+def test_label_files_that_were_accepted_wrongly_are_refused(
+    proj: Project, tmp_path: Path, capsys
+) -> None:
+    s = ["--store", str(proj.folder)]
+    rows = _rows(proj)
+    ids = [int(r["sample_id"]) for r in rows]
+    c0 = proj.classes[0]
+    cases = {
+        "twocols.csv": (f"sample_id,label,label\n{ids[0]},{c0},{c0}\n", "more than once"),
+        "dupkeys.json": (
+            '[{"sample_id": %d, "label": "%s", "label": "%s"}]' % (ids[0], c0, c0),
+            "more than once",
+        ),
+        "malformed.csv": (f'sample_id,label\n{ids[0]},"{c0}\n', "row 2"),
+    }
+    for name, (text, match) in cases.items():
+        (tmp_path / name).write_text(text)
+        assert main(["label", "import", str(tmp_path / name), *s]) == 2, name
+        assert match in _error(capsys.readouterr().err), name
+    # a folder and a named pipe are named as such, not "not found"
+    (tmp_path / "dir.csv").mkdir()
+    assert main(["label", "import", str(tmp_path / "dir.csv"), *s]) == 2
+    assert "is a folder" in _error(capsys.readouterr().err)
+    os.mkfifo(tmp_path / "pipe.csv")
+    assert main(["label", "import", str(tmp_path / "pipe.csv"), *s]) == 2
+    assert "not a regular file" in _error(capsys.readouterr().err)
+    # empty or multi-line annotator names
+    (tmp_path / "ok.csv").write_text(f"sample_id,label\n{ids[0]},{c0}\n")
+    assert main(["label", "import", str(tmp_path / "ok.csv"), *s, "--annotator", ""]) == 2
+    assert "may not be empty" in _error(capsys.readouterr().err)
+    (tmp_path / "nl.csv").write_text(f'sample_id,label,annotator\n{ids[0]},{c0},"a\nb"\n')
+    assert main(["label", "import", str(tmp_path / "nl.csv"), *s]) == 2
+    assert "control character" in _error(capsys.readouterr().err)
+    assert Project(proj.folder).status()["n_labeled"] == 0
+    # skip = false / 0 / no is not a skip; true is one
+    recs = [
+        {"sample_id": ids[0], "label": c0, "skip": "false"},
+        {"sample_id": ids[1], "label": c0, "skip": "0"},
+        {"sample_id": ids[2], "label": c0, "skip": "no"},
+        {"sample_id": ids[3], "skip": "true"},
+    ]
+    out = eada.import_labels(proj, recs, annotator="ann")
+    assert (out["new"], out["skipped"]) == (3, 1)
+    assert proj.status()["skipped_by_reason"] == {"skipped": 1}
+
+
+def _feature_project(tmp_path: Path, target_extra: dict[str, Any] | None = None) -> Path:
+    """A feature-row project: a labeled source, an unlabeled target with ids ``u0``..."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 6)).astype(np.float32)
+    np.savez(tmp_path / "src.npz", fts=x, labels=np.arange(40) % 2)
+    tgt = tmp_path / "tgt.npz"
+    np.savez(tgt, fts=x + 0.1, ids=np.array([f"u{i}" for i in range(40)]))
+    raw = {
+        "data": {"kind": "features", "source": str(tmp_path / "src.npz"), "target": str(tgt)},
+        "model": {"name": "mlp", "hidden": [8]},
+        "train": {"epochs": 2, "batch_size": 16},
+        "active": {"rounds_at": [1], "budget_per_round": 4},
+    }
+    (tmp_path / "F.yaml").write_text(json.dumps(raw))
+    return tmp_path / "F.yaml"
+
+
+def test_an_external_id_naming_another_sample_is_refused(tmp_path: Path) -> None:
+    """Feature rows with the user's own ids: a row whose sample_id and external_id name two
+    different samples is refused (the external id was ignored before)."""
+    cfg = _feature_project(tmp_path)
+    s = ["--store", str(tmp_path / "P")]
+    assert main(["init", *s, "--config", str(cfg)]) == 0
+    assert main(["train", *s]) == 0 and main(["query", *s]) == 0
+    p = Project(tmp_path / "P")
+    rows = _rows(p)
+    a, b = rows[0], rows[1]
+    with pytest.raises(ValueError, match=f"external_id '{b['external_id']}' names sample"):
+        eada.import_labels(
+            p, [{"sample_id": a["sample_id"], "external_id": b["external_id"], "label": "0"}]
+        )
+    assert p.status()["n_labeled"] == 0
