@@ -228,6 +228,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
         data_root=Path(args.data_root) if args.data_root else None,
         figures_dir=Path(args.figures) if args.figures else None,
     )
+    from eada.reports import collect
+
+    for line in collect.data_changes(collect.load_report_input(Path(args.run_dir))):
+        sys.stderr.write(f"note: the data changed since the run: {line}\n")
     console.print(f"report: {out}")
     return 0
 

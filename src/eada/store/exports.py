@@ -111,6 +111,12 @@ def check_export_target(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise StoreError(f"--out {out} is an existing file; give a folder to export into")
     if not out.is_dir():
+        blocked = next((p for p in out.absolute().parents if p.exists()), None)
+        if blocked is not None and not blocked.is_dir():
+            raise StoreError(
+                f"--out {out}: its parent {blocked} is a file, not a folder; give a folder "
+                "to export into"
+            )
         return
     held = sorted(p.name for p in out.iterdir())
     if not held:

@@ -70,6 +70,56 @@ class ProjectLabels(ProjectCheckpoints):
     def _n_label_rows(self) -> int:
         return int(self.store.conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0])
 
+    def check_labeled_files(self) -> None:
+        """Refuse to train or query on a labeled image whose file changed since it was
+        registered (a photo overwritten under the same name would train its old label on new
+        pixels): a ``stat`` a file (size, mtime), the SHA-256 only where those moved; the
+        stamps of files found unchanged are kept (meta ``file_stamps``) so the next check is
+        a ``stat`` again.
+
+        Raises:
+            StoreError: naming how many labeled files changed, the first ones and what to do.
+        """
+        rows = [
+            r
+            for r in self.store.conn.execute(
+                "SELECT s.id, s.path, s.content_hash, c.name AS class_name FROM labels l "
+                "JOIN samples s ON s.id = l.sample_id JOIN classes c ON c.id = l.class_id "
+                "WHERE NOT EXISTS (SELECT 1 FROM labels n WHERE n.supersedes = l.id) "
+                "AND s.path IS NOT NULL AND s.position >= 0"
+            )
+        ]
+        if not rows:
+            return
+        stamps: dict[str, list[int]] = self.store.get_json("file_stamps") or {}
+        fresh: dict[str, list[int]] = {}
+        changed: list[str] = []
+        for r in rows:
+            path = Path(r["path"])
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # a vanished file: `eada target scan` leaves it out (the pool note)
+            stamp = [st.st_size, st.st_mtime_ns]
+            if stamps.get(str(r["id"])) == stamp:
+                fresh[str(r["id"])] = stamp
+                continue
+            if file_sha256(path) == r["content_hash"]:
+                fresh[str(r["id"])] = stamp
+            else:
+                changed.append(f"{path} (sample {r['id']}, labeled {r['class_name']!r})")
+        if changed:
+            shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+            raise StoreError(
+                f"{len(changed)} labeled image(s) changed since they were registered: {shown}. "
+                "Their labels would train on other pixels: put the original files back, or "
+                "save a new photo under a new name (`eada target scan` registers it as a new "
+                "sample; a removed file is left out of the pool)"
+            )
+        if fresh != stamps and not self.store.readonly:
+            with self.store.transaction():
+                self.store.set_meta("file_stamps", json.dumps(fresh, sort_keys=True))
+
     def _labels_tensor(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The labels training uses: every label in force but those of audit samples (kept
         out so that the audit stays an unbiased sample the model never saw a label of)."""

@@ -61,6 +61,7 @@ from eada.store.unlabeled import (
 from eada.train import ActiveDATrainer, GateSchedule
 
 Progress = Callable[[str], None] | None
+MAX_EPOCHS = 1_000_000  # one `eada train --epochs N` segment (epochs are SQLite integers)
 
 
 def init_project(
@@ -175,6 +176,8 @@ class Project(ProjectRounds):
                     f"pulled from Label Studio: {got['new']} new, {got['corrections']} "
                     f"corrections, {got['skipped']} skipped, {got['unchanged']} unchanged"
                 )
+        self.check_labeled_files()
+        self.export_missing()  # a round recorded by a killed command gets its files
         ck = self.store.latest_checkpoint()
         e0 = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch" and epochs is None:
@@ -184,6 +187,11 @@ class Project(ProjectRounds):
         if epochs is not None:
             if epochs < 1:
                 raise ValueError(f"--epochs must be >= 1, got {epochs}")
+            if epochs > MAX_EPOCHS:
+                raise ValueError(
+                    f"--epochs {epochs} is more than {MAX_EPOCHS:,} epochs in one segment; "
+                    "train in steps of at most that"
+                )
             end = e0 + epochs
         else:
             action = self.next_action()

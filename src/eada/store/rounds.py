@@ -38,6 +38,7 @@ class ProjectRounds(ProjectLabels):
         awaits labels, nothing is selected: its batch is exported again."""
         self.store.check_writable()
         self.export_missing()
+        self.check_labeled_files()
         rounds = self.store.active_rounds()
         if self.pending():
             last = rounds[-1]
@@ -214,6 +215,7 @@ class ProjectRounds(ProjectLabels):
                 "pool": json.loads(last_round["info"]).get("pool"),
                 "epoch": last_round["epoch"],
             }
+        self.check_labeled_files()
         pending = self.pending()
         ck = self.store.latest_checkpoint()
         epoch = 0 if ck is None else ck["epoch"]
