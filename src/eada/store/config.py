@@ -28,21 +28,15 @@ from eada.config import (
 from eada.store.roots import unsafe_document_root
 
 
-MAX_ANNOTATOR = 200  # characters of an annotator's name
-
-
 def check_annotator(name: str, what: str = "--annotator") -> str:
     """An annotator's name as given, or a :class:`ValueError` naming ``what`` when it is
-    empty, longer than 200 characters or holds a control character (a newline would forge a
-    line of ``eada status``).
+    empty or holds a control character (a newline would forge a line of ``eada status``).
 
     >>> check_annotator("alice")
     'alice'
     """
     if not name.strip():
         raise ValueError(f"{what}: an annotator's name may not be empty")
-    if len(name) > MAX_ANNOTATOR:
-        raise ValueError(f"{what}: an annotator's name is longer than {MAX_ANNOTATOR} characters")
     bad = [c for c in name if ord(c) < 32 or ord(c) == 127]
     if bad:
         raise ValueError(

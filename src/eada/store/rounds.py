@@ -427,8 +427,8 @@ class ProjectRounds(ProjectLabels):
         """Export every round whose CSV or JSON is missing (a process killed between recording
         a round and writing its files); returns their numbers. A store this user may not
         write is left as it is."""
-        if self.store.readonly:
-            return []
+        if self.store.readonly or self.store.get_meta("mode") == "simulated":
+            return []  # a simulated run exports nothing (``eada train --simulate``)
         done = []
         for r in self.store.rounds():
             f = self.round_files(r["number"])
