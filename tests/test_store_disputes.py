@@ -20,7 +20,12 @@ from eada.hparams import preset_config
 from eada.store import Project, init_project
 from eada.store.db import SCHEMA_VERSION
 
-TOY = ["data.n_per_class=60", "train.epochs=3", "active.rounds_at=[1,2]", "active.budget_per_round=6"]
+TOY = [
+    "data.n_per_class=60",
+    "train.epochs=3",
+    "active.rounds_at=[1,2]",
+    "active.budget_per_round=6",
+]
 
 
 def _flat(text: str) -> str:
@@ -127,7 +132,7 @@ def test_policies_newest_wins_and_reviewer(proj: Project) -> None:
     eada.import_labels(proj, [{"sample_id": ids[1], "label": a}], annotator="alice")
     out = eada.import_labels(proj, [{"sample_id": ids[1], "label": b}], annotator="bob")
     assert out["corrections"] == 1 and out["replaced_other_annotators"] == 1
-    with pytest.raises(ValueError, match="store.reviewer must name"):
+    with pytest.raises(ValueError, match=r"store\.reviewer must name"):
         proj.set_options({"conflicts": "reviewer", "reviewer": None})
     with pytest.raises(ValueError, match="cannot change after"):
         proj.set_options({"target": "labeled"})
@@ -157,8 +162,9 @@ def test_agreement_is_percent_and_cohens_kappa_per_pair(proj: Project) -> None:
 def test_a_schema_2_store_is_migrated_with_its_answers_as_votes(proj: Project) -> None:
     ids = _ids(proj)
     eada.import_labels(proj, [{"sample_id": ids[0], "label": proj.classes[0]}], annotator="a")
-    eada.import_labels(proj, [{"sample_id": ids[0], "label": proj.classes[1]}], annotator="b",
-                       force=True)
+    eada.import_labels(
+        proj, [{"sample_id": ids[0], "label": proj.classes[1]}], annotator="b", force=True
+    )
     before = [tuple(r) for r in proj.store.conn.execute("SELECT * FROM labels ORDER BY id")]
     proj.close()
     db = sqlite3.connect(proj.folder / "eada.sqlite")  # as eada with schema 2 left it

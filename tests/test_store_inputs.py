@@ -11,7 +11,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -22,7 +22,12 @@ from eada.hparams import preset_config
 from eada.store import Project, init_project
 from eada.store.labelstudio import LabelStudioClient, LabelStudioError
 
-TOY = ["data.n_per_class=60", "train.epochs=3", "active.rounds_at=[1,2]", "active.budget_per_round=5"]
+TOY = [
+    "data.n_per_class=60",
+    "train.epochs=3",
+    "active.rounds_at=[1,2]",
+    "active.budget_per_round=5",
+]
 
 
 def _flat(text: str) -> str:
@@ -64,7 +69,7 @@ def test_an_audit_is_blind_marked_drawn_while_a_round_is_out_and_never_drawn_twi
     doc = json.loads((proj.folder / "exports" / "round-002.json").read_text())
     assert all(r["predicted"] is None and r["scores"] == {} for r in doc["samples"])
     tasks = json.loads((proj.folder / "exports" / "round-002.labelstudio.json").read_text())
-    assert all("predictions" not in t and t["data"]["audit"] for t in tasks)
+    assert all(not t.get("predictions") and t["data"]["audit"] for t in tasks)
     assert "free_energy" not in tasks[0]["data"]
     # the store keeps the guesses: the estimate is computed from them
     p = Project(proj.folder)
@@ -76,7 +81,9 @@ def test_an_audit_is_blind_marked_drawn_while_a_round_is_out_and_never_drawn_twi
     assert main(["query", *s, "--audit", "6"]) == 0
     assert "no second audit" in _flat(capsys.readouterr().out)
     p = Project(proj.folder)
-    assert len(p.store.audit_rounds()) == 1 and (proj.folder / "exports" / "round-002.csv").is_file()
+    assert (
+        len(p.store.audit_rounds()) == 1 and (proj.folder / "exports" / "round-002.csv").is_file()
+    )
 
 
 def test_the_ml_backend_gives_no_guess_for_an_audit_sample(proj: Project) -> None:
@@ -93,7 +100,7 @@ def test_the_ml_backend_gives_no_guess_for_an_audit_sample(proj: Project) -> Non
 
 # -- the token stays home ----------------------------------------------------------------------
 class _Recorder(http.server.BaseHTTPRequestHandler):
-    seen: list[tuple[str, str | None]] = []
+    seen: ClassVar[list[tuple[str, str | None]]] = []
     target = ""
 
     def _answer(self) -> None:
@@ -124,10 +131,10 @@ def _server(handler: type) -> Any:
 
 def test_redirects_never_carry_the_token_away_nor_turn_a_post_into_a_get() -> None:
     class Other(_Recorder):
-        seen: list[tuple[str, str | None]] = []
+        seen: ClassVar[list[tuple[str, str | None]]] = []
 
     class Home(_Recorder):
-        seen: list[tuple[str, str | None]] = []
+        seen: ClassVar[list[tuple[str, str | None]]] = []
 
     other, home = _server(Other), _server(Home)
     try:
@@ -165,7 +172,7 @@ def test_label_files_that_were_accepted_wrongly_are_refused(
     cases = {
         "twocols.csv": (f"sample_id,label,label\n{ids[0]},{c0},{c0}\n", "more than once"),
         "dupkeys.json": (
-            '[{"sample_id": %d, "label": "%s", "label": "%s"}]' % (ids[0], c0, c0),
+            f'[{{"sample_id": {ids[0]}, "label": "{c0}", "label": "{c0}"}}]',
             "more than once",
         ),
         "malformed.csv": (f'sample_id,label\n{ids[0]},"{c0}\n', "row 2"),

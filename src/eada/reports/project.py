@@ -234,8 +234,8 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
         pol = st["conflicts"]
         parts.append(
             f'<p class="note">policy <code>store.conflicts: {_e(pol["policy"])}</code>'
-            + (f' (ties: {_e(pol["tie"])})' if pol["policy"] == "majority" else "")
-            + (f'; reviewer {_e(pol["reviewer"])}' if pol["reviewer"] else "")
+            + (f" (ties: {_e(pol['tie'])})" if pol["policy"] == "majority" else "")
+            + (f"; reviewer {_e(pol['reviewer'])}" if pol["reviewer"] else "")
             + "</p>"
         )
         if st["disputes"]:
@@ -262,8 +262,13 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
         if st["agreement"]:
             parts.append(
                 _table(
-                    ["annotators", "samples both answered", "same answer", "agreement %",
-                     "Cohen's kappa"],
+                    [
+                        "annotators",
+                        "samples both answered",
+                        "same answer",
+                        "agreement %",
+                        "Cohen's kappa",
+                    ],
                     [
                         [
                             " / ".join(a["annotators"]),

@@ -110,7 +110,9 @@ def decide(
     return None, "refused"
 
 
-def latest_votes(conn: sqlite3.Connection, sample_ids: list[int] | None = None) -> dict[int, list[Vote]]:
+def latest_votes(
+    conn: sqlite3.Connection, sample_ids: list[int] | None = None
+) -> dict[int, list[Vote]]:
     """``{sample id: [each annotator's newest vote]}`` (of ``sample_ids``, or of every sample)."""
     where, args = "", []
     if sample_ids is not None:
@@ -125,8 +127,14 @@ def latest_votes(conn: sqlite3.Connection, sample_ids: list[int] | None = None) 
         args,
     ):
         out.setdefault(int(r["sample_id"]), []).append(
-            Vote(r["annotator"], r["class_id"], r["skip_reason"], r["created"], int(r["id"]),
-                 r["origin"] or "")
+            Vote(
+                r["annotator"],
+                r["class_id"],
+                r["skip_reason"],
+                r["created"],
+                int(r["id"]),
+                r["origin"] or "",
+            )
         )
     return out
 
@@ -135,8 +143,12 @@ def open_disputes(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """The open disputes: ``[{"sample_id", "path", "external_id", "opened", "answers":
     {annotator: class name or "(skip)"}, "origins": {annotator: where}, "in_force": the
     answer in force or None}]`` by sample id."""
-    ids = [int(r[0]) for r in conn.execute(
-        "SELECT sample_id FROM disputes WHERE resolved IS NULL ORDER BY sample_id")]
+    ids = [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT sample_id FROM disputes WHERE resolved IS NULL ORDER BY sample_id"
+        )
+    ]
     if not ids:
         return []
     names = {int(r[0]): str(r[1]) for r in conn.execute("SELECT id, name FROM classes")}

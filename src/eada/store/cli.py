@@ -22,8 +22,8 @@ import argparse
 import json
 import os
 import sys
-from shlex import quote
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 from rich.console import Console
@@ -54,10 +54,12 @@ def next_command(action: str, store: str, proj: Any = None) -> str:
     s = quote(store)
     if action == "label":
         rounds = proj.store.active_rounds() if proj is not None else []
-        f = f"{s}/exports/round-{rounds[-1]['number']:03d}.csv" if rounds else "FILE"
+        f = quote(f"{store}/exports/round-{rounds[-1]['number']:03d}.csv") if rounds else "FILE"
         return f"eada label import {f} --store {s}   (once its label column is filled)"
     if action == "done":
-        return f"eada export --store {s} --out {s}/final   (the schedule is complete)"
+        return (
+            f"eada export --store {s} --out {quote(store + '/final')}   (the schedule is complete)"
+        )
     return f"eada {action} --store {s}"
 
 
@@ -120,7 +122,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
         f"{st['n_target']} {labeled} target samples, {len(proj.classes)} classes; "
         f"plan: {len(proj.plan())} rounds"
     )
-    _say_next(f"eada train --store {args.store}")
+    _say_next(f"eada train --store {quote(args.store)}")
     return 0
 
 
@@ -161,7 +163,8 @@ def _cmd_query(args: argparse.Namespace) -> int:
     if out.get("labelstudio_error"):
         _log(
             f"warning: the round is recorded and exported, but Label Studio did not take it: "
-            f"{out['labelstudio_error']}; retry with `eada labelstudio push --store {args.store}`"
+            f"{out['labelstudio_error']}; retry with "
+            f"`eada labelstudio push --store {quote(args.store)}`"
         )
     for k, v in out["files"].items():
         console.print(f"  {k:<20} {v}")
@@ -169,12 +172,16 @@ def _cmd_query(args: argparse.Namespace) -> int:
         doc = json.loads(Path(out["files"]["json"]).read_text())
         root = doc.get("label_studio_document_root")
         if root is not None:  # None: feature rows (no files served), or no safe folder
-            console.print(f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root}")
+            console.print(
+                f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={quote(root)}",
+                soft_wrap=True,
+                highlight=False,
+            )
         elif doc.get("label_studio_note"):
             console.print(f"  Label Studio: {doc['label_studio_note']}")
     if "csv" in out["files"]:
         _say_next(
-            f"eada label import {out['files']['csv']} --store {args.store}   "
+            f"eada label import {quote(out['files']['csv'])} --store {quote(args.store)}   "
             "(once its label column is filled)"
         )
     return 0
@@ -463,16 +470,11 @@ def _cmd_config_set(args: argparse.Namespace) -> int:
     for item in args.pairs:
         key, sep, value = item.partition("=")
         if not sep or not key.startswith("store."):
-            raise ConfigError(
-                f"{item!r}: expected store.KEY=VALUE (e.g. store.conflicts=majority)"
-            )
+            raise ConfigError(f"{item!r}: expected store.KEY=VALUE (e.g. store.conflicts=majority)")
         updates[key[len("store.") :]] = yaml.safe_load(value) if value else None
     proj = _project(args)
     out = proj.set_options(updates)
-    _say(
-        f"project {args.store}: "
-        + ", ".join(f"store.{k}={out['store'][k]}" for k in updates)
-    )
+    _say(f"project {args.store}: " + ", ".join(f"store.{k}={out['store'][k]}" for k in updates))
     got = out["settled"]
     if got.get("settled"):
         _say(f"{got['settled']} dispute(s) settled by the new policy")

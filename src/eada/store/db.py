@@ -37,6 +37,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import shlex
 import sqlite3
 import sys
 import time
@@ -212,6 +213,16 @@ def how(cli: str, python: str) -> str:
     return f"`{cli}`" if _INTERFACE[0] == "cli" else f"`{python}`"
 
 
+def q(path: object) -> str:
+    """``path`` as one shell word (quoted where it holds a space or a shell character), for
+    the commands messages print.
+
+    >>> q("/data/my project"), q("/data/p")
+    ("'/data/my project'", '/data/p')
+    """
+    return shlex.quote(str(path))
+
+
 def busy_timeout() -> float:
     """Seconds to wait for another process's write lock: ``$EADA_BUSY_TIMEOUT`` or 30.
 
@@ -335,7 +346,7 @@ class Store:
         elif not self.path.is_file():
             raise StoreError(
                 f"no project store at {self.folder} (expected {self.path}); create one first with "
-                + how(f"eada init --store {self.folder}", "eada.create_project(folder, config)")
+                + how(f"eada init --store {q(self.folder)}", "eada.create_project(folder, config)")
             )
         self.readonly = not create and not _writable(self.path)
         try:

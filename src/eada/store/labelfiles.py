@@ -16,8 +16,8 @@ from eada.runs import write_bytes_atomic
 
 LS_FROM_NAME = "label"  # the <Choices name=...> of the Label Studio config we write
 LS_LOCAL_PREFIX = "/data/local-files/?d="
-LS_SKIP_REASON = "skipped in Label Studio"
-AUDIT_MARK = "AUDIT: answer without any model guess"  # an audit task's data.audit  # a cancelled (skipped) Label Studio annotation
+LS_SKIP_REASON = "skipped in Label Studio"  # a cancelled (skipped) Label Studio annotation
+AUDIT_MARK = "AUDIT: answer without any model guess"  # an audit task's data.audit
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")  # what spreadsheets run as a formula
 MAX_SAMPLE_ID = 2**63 - 1  # SQLite's INTEGER
 
@@ -381,12 +381,12 @@ def label_studio_tasks(
         ValueError: an image outside every document root in ``roots`` (its URL would not
             resolve: no task file is written with it).
     """
-    tasks = []
+    tasks: list[dict[str, Any]] = []
     for r in rows:
         data: dict[str, Any] = {"sample_id": r["sample_id"], "round": r["round"], "rank": r["rank"]}
         if r["path"]:
             p = Path(r["path"])
-            rel = next(
+            rel: str | None = next(
                 (
                     str(p.relative_to(root.resolve()))
                     for root in roots
@@ -405,15 +405,15 @@ def label_studio_tasks(
             data["image"] = LS_LOCAL_PREFIX + quote(rel)  # relative to the document root
             data["path"] = r["path"]
         else:
-            shown = r.get("external_path") or r.get("external_id")
-            data["text"] = shown or f"{r['domain']} sample #{r['index']}"
+            named = r.get("external_path") or r.get("external_id")
+            data["text"] = named or f"{r['domain']} sample #{r['index']}"
         for k in ("external_id", "external_path"):
             if r.get(k):
                 data[k] = r[k]
         data.update({k: float(v) for k, v in r["scores"].items()})
         if r.get("audit"):  # marked, and blind: no pre-annotation
             data["audit"] = AUDIT_MARK
-            tasks.append({"data": data})
+            tasks.append({"data": data, "predictions": []})
             continue
         tasks.append(
             {

@@ -109,7 +109,9 @@ class ProjectLabels(ProjectCheckpoints):
             else:
                 changed.append(f"{path} (sample {r['id']}, labeled {r['class_name']!r})")
         if changed:
-            shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+            shown = "; ".join(changed[:5]) + (
+                f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
+            )
             raise StoreError(
                 f"{len(changed)} labeled image(s) changed since they were registered: {shown}. "
                 "Their labels would train on other pixels: put the original files back, or "
@@ -367,7 +369,9 @@ class ProjectLabels(ProjectCheckpoints):
                     standing = None if old is None else (old["class_id"], old["skip_reason"])
                     if asked == {standing} or (old is None and len(asked) == 1):
                         votes = {w: v for w, v in votes.items() if w in incoming}
-                winner, how_ = decide(list(votes.values()), policy, opts.conflict_tie, opts.reviewer)
+                winner, how_ = decide(
+                    list(votes.values()), policy, opts.conflict_tie, opts.reviewer
+                )
                 if winner is None:
                     contradicted = [
                         (who, it)
@@ -378,6 +382,7 @@ class ProjectLabels(ProjectCheckpoints):
                         and (k, it.skip) != (old["class_id"], old["skip_reason"])
                     ]
                     if refuse_replacing and policy == "refuse" and contradicted:
+                        assert old is not None
                         for who, it in contradicted:
                             conflicts.append(
                                 f"{it.where}: sample {sid}{_where(conn, sid)} is labeled "
@@ -429,7 +434,10 @@ class ProjectLabels(ProjectCheckpoints):
             c.executemany(
                 "INSERT INTO votes (sample_id, annotator, class_id, skip_reason, created, "
                 "import_id, origin) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(sid, who, k, it.skip, stamp, import_id, it.where) for sid, who, it, k in new_votes],
+                [
+                    (sid, who, k, it.skip, stamp, import_id, it.where)
+                    for sid, who, it, k in new_votes
+                ],
             )
             c.executemany(
                 "INSERT INTO labels (sample_id, class_id, annotator, created, round_id, "
@@ -456,7 +464,8 @@ class ProjectLabels(ProjectCheckpoints):
                 [(sid, stamp) for sid in opened],
             )
             c.executemany(
-                "UPDATE disputes SET resolved = ?, how = ? WHERE sample_id = ? AND resolved IS NULL",
+                "UPDATE disputes SET resolved = ?, how = ? "
+                "WHERE sample_id = ? AND resolved IS NULL",
                 [(stamp, h, sid) for sid, h in settled.items()],
             )
             crash_point("import:before_commit")

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from eada.store.db import AUDIT
+from eada.store.db import AUDIT, q
 from eada.store.labelfiles import (
     LS_FROM_NAME,
     label_studio_config,
@@ -170,7 +170,7 @@ class _KeepTokenHome(urllib.request.HTTPRedirectHandler):
     refused (urllib would resend ``Authorization`` there), and any redirect of a request
     that is not a GET is an error (urllib would turn a POST into a GET and drop its body)."""
 
-    def redirect_request(  # type: ignore[override]
+    def redirect_request(
         self,
         req: urllib.request.Request,
         fp: Any,
@@ -237,7 +237,7 @@ def client_for(project: Any, token: str | None = None) -> LabelStudioClient:
     if conn is None:
         raise LabelStudioError(
             f"the project {project.folder} is not connected to Label Studio: run "
-            f"`eada labelstudio connect --store {project.folder} --url URL` first"
+            f"`eada labelstudio connect --store {q(project.folder)} --url URL` first"
         )
     return LabelStudioClient(conn["url"], token)
 

@@ -39,7 +39,7 @@ from eada.config import FeatureData, ImageListData
 from eada.data.features import domain_statistics, normalize_features
 from eada.store.config import FolderData
 from eada.store.data import confine, content_hash
-from eada.store.db import StoreError, how, now
+from eada.store.db import StoreError, how, now, q
 from eada.store.targets import (
     SampleInfo,
     TargetRows,
@@ -98,7 +98,7 @@ def pool_changes(project: Any) -> PoolChanges | None:
 def changes_note(project: Any) -> str | None:
     """One line naming the command when the target folder/list (or the target's feature
     file: rows with new ids, registered ids gone) changed, else ``None``."""
-    run = how(f"eada target scan --store {project.folder}", "project.scan_target()")
+    run = how(f"eada target scan --store {q(project.folder)}", "project.scan_target()")
     rows = row_changes(project)
     if rows is not None:
         if not rows:
@@ -317,7 +317,7 @@ def _check_not_interrupted(project: Any) -> None:
     if ck is not None and ck["kind"] == "epoch":
         raise StoreError(
             "a training segment was interrupted: finish it with "
-            f"{how(f'eada train --store {project.folder}', 'project.train()')} before scanning "
+            f"{how(f'eada train --store {q(project.folder)}', 'project.train()')} before scanning "
             "the target"
         )
 
@@ -473,7 +473,7 @@ def registered_rows(project: Any) -> TargetRows | None:
         raise StoreError(
             f"{len(gone)} registered target row(s) vanished from {data.target} (first "
             f"{'id' if reg.by_id else 'row'}: {gone[0]}): leave them out of the pool with "
-            + how(f"eada target scan --store {project.folder}", "project.scan_target()")
+            + how(f"eada target scan --store {q(project.folder)}", "project.scan_target()")
         )
     stats = _frozen_statistics(project, data, x, where, reg)
     take = [where[reg.keys[r["id"]]] for r in reg.active()]

@@ -423,8 +423,13 @@ class Project(ProjectRounds):
             "next": self.next_action(),
         }
 
-    SETTABLE = ("conflicts", "conflict_tie", "reviewer", "label_studio_root",
-                "near_duplicate_threshold")
+    SETTABLE = (
+        "conflicts",
+        "conflict_tie",
+        "reviewer",
+        "label_studio_root",
+        "near_duplicate_threshold",
+    )
 
     def set_options(self, updates: dict[str, Any]) -> dict[str, Any]:
         """Change keys of the project's ``store:`` section after ``eada init`` (``eada config
@@ -469,8 +474,9 @@ class Project(ProjectRounds):
                 "config", json.dumps({**raw, "store": options_json(options)}, default=str)
             )
         self.options = options
-        settled = self._write_labels([], "(store.conflicts changed)", "", "policy", "config",
-                                     "human", False)
+        settled = self._write_labels(
+            [], "(store.conflicts changed)", "", "policy", "config", "human", False
+        )
         return {"store": options_json(options), "settled": settled}
 
     def export(self, out: str | Path, force: bool = False) -> dict[str, str]:

@@ -13,7 +13,7 @@ import torch
 from eada.store import labelstudio
 from eada.store.agreement import open_disputes
 from eada.store.checkpoints import crash_point
-from eada.store.db import AUDIT, StoreError, how, now
+from eada.store.db import AUDIT, StoreError, how, now, q
 from eada.store.labelfiles import (
     export_rows_csv,
     label_studio_config,
@@ -197,8 +197,10 @@ class ProjectRounds(ProjectLabels):
             raise ValueError(f"--audit must be >= 1, got {n}")
         redo = self.export_missing()
         last_round = self.store.rounds()[-1] if self.store.rounds() else None
-        if last_round is not None and last_round["strategy"] == AUDIT and (
-            last_round["number"] in redo
+        if (
+            last_round is not None
+            and last_round["strategy"] == AUDIT
+            and (last_round["number"] in redo)
         ):
             # a retry of an audit killed after its round was recorded: the files, not a second
             # audit
@@ -222,7 +224,7 @@ class ProjectRounds(ProjectLabels):
         if ck is not None and ck["kind"] == "epoch":
             raise StoreError(
                 "a training segment was interrupted: finish it first "
-                f"({how(f'eada train --store {self.folder}', 'project.train()')})"
+                f"({how(f'eada train --store {q(self.folder)}', 'project.train()')})"
             )
         trainer = ActiveDATrainer(self.cfg, self.task)
         if ck is not None:
@@ -276,7 +278,7 @@ class ProjectRounds(ProjectLabels):
             return (
                 "another process changed the project while this audit was drawn; nothing "
                 "was recorded: see "
-                + how(f"eada status --store {self.folder}", "project.status()")
+                + how(f"eada status --store {q(self.folder)}", "project.status()")
                 + " and draw it again"
             )
 
@@ -460,8 +462,7 @@ class ProjectRounds(ProjectLabels):
         tasks: list[dict[str, Any]] | None = None
         if images and root is None:
             doc["label_studio_note"] = NO_DOCUMENT_ROOT + (
-                f"; {files['label_studio'].name} is not written (its image URLs would not "
-                "resolve)"
+                f"; {files['label_studio'].name} is not written (its image URLs would not resolve)"
             )
         else:
             try:
