@@ -34,7 +34,7 @@ from eada.store.labelfiles import (
     label_studio_tasks,
     model_version,
 )
-from eada.store.roots import NO_DOCUMENT_ROOT, label_studio_root
+from eada.store.roots import NO_DOCUMENT_ROOT, label_studio_root, unsafe_document_root
 
 TOKEN_ENV = "LABEL_STUDIO_API_KEY"
 META_KEY = "labelstudio"
@@ -258,8 +258,18 @@ def document_root_or_none(project: Any) -> Path | None:
     """The folder Label Studio serves the project's target files from:
     ``store.label_studio_root``, else the deepest folder holding every data root that holds
     target files (the source may live elsewhere); ``None`` where that would be ``/`` or a
-    parent of a home folder."""
-    return label_studio_root(target_roots(project), project.options.label_studio_root)
+    parent of a home folder. Label Studio never serves files lying directly in its document
+    root (a storage must name a subfolder): where the target's files would, the derived root
+    is the folder above."""
+    option = project.options.label_studio_root
+    root = label_studio_root(target_roots(project), option)
+    if root is None or option is not None:
+        return root
+    files = [Path(r["path"]) for r in project.store.samples("target") if r["path"]]
+    if files and Path(os.path.commonpath([str(f.parent) for f in files])) == root:
+        up = root.parent
+        return None if unsafe_document_root(up) is not None else up
+    return root
 
 
 def _document_root(project: Any) -> Path:
