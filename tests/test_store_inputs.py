@@ -240,3 +240,176 @@ def test_an_external_id_naming_another_sample_is_refused(tmp_path: Path) -> None
             p, [{"sample_id": a["sample_id"], "external_id": b["external_id"], "label": "0"}]
         )
     assert p.status()["n_labeled"] == 0
+
+
+# -- feature files, epochs, --out --------------------------------------------------------------
+def _one_error(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err and "Warning" not in err, err
+    return lines[0]
+
+
+def test_bad_feature_files_are_named(tmp_path: Path, capsys) -> None:
+    import scipy.io
+
+    cfg = _feature_project(tmp_path)
+    good = (tmp_path / "tgt.npz").read_bytes()
+    x = np.zeros((8, 6), np.float32)
+    (tmp_path / "cut.npz").write_bytes(good[: len(good) // 2])
+    np.savez(tmp_path / "obj.npz", fts=x, ids=np.array([f"u{i}" for i in range(8)], dtype=object))
+    scipy.io.savemat(tmp_path / "m.mat", {"fts": x})
+    mat = (tmp_path / "m.mat").read_bytes()
+    (tmp_path / "cut.mat").write_bytes(mat[: len(mat) // 2])
+    np.savez(tmp_path / "empty.npz", fts=np.zeros((0, 6), np.float32))
+    raw = json.loads(cfg.read_text())
+    for name, match in (
+        ("cut.npz", "truncated or damaged"),
+        ("obj.npz", "object array"),
+        ("cut.mat", "truncated or damaged"),
+        ("empty.npz", "is empty"),
+    ):
+        raw["data"]["target"] = str(tmp_path / name)
+        cfg.write_text(json.dumps(raw))
+        assert main(["init", "--store", str(tmp_path / f"P-{name}"), "--config", str(cfg)]) == 2
+        line = _one_error(capsys.readouterr().err)
+        assert match in line and (name in line or match == "is empty"), line
+
+
+def test_absurd_epochs_and_misleading_out_paths(proj: Project, tmp_path: Path, capsys) -> None:
+    s = ["--store", str(proj.folder)]
+    before = proj.status()
+    assert main(["train", *s, "--epochs", "99999999999999999999"]) == 2
+    assert "more than 1,000,000 epochs" in _one_error(capsys.readouterr().err)
+    assert Project(proj.folder).status() == before  # not an epoch trained
+    assert main(["export", *s, "--out", "/etc/hostname/sub"]) == 2
+    assert "its parent /etc/hostname is a file" in _one_error(capsys.readouterr().err)
+    assert main(["report", str(proj.folder), "--out", str(tmp_path)]) == 2
+    line = _one_error(capsys.readouterr().err)
+    assert str(tmp_path) in line and "is a folder" in line and ".tmp" not in line
+
+
+def test_store_paths_with_spaces_are_quoted_in_printed_commands(tmp_path: Path, capsys) -> None:
+    store = tmp_path / "my project"
+    cfg = preset_config("toy", "eada", 0, TOY)
+    init_project(store, cfg)
+    assert main(["status", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert f"next: eada train --store '{store}'" in out
+    p = Project(store)
+    p.train()
+    assert main(["query", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert f"next: eada label import '{store}/exports/round-001.csv' --store '{store}'" in out
+
+
+# -- image files: changed, corrupt, linked out ---------------------------------------------------
+def _images(folder: Path, n: int, seed: int, classes: tuple[str, ...] = ("a", "b")) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (folder / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            px = (rng.random((16, 16, 3)) * 255).astype("uint8")
+            Image.fromarray(px).save(folder / c / f"{c}{i}.png")
+
+
+def test_a_labeled_image_replaced_under_its_name_stops_train_and_query(
+    tmp_path: Path, capsys
+) -> None:
+    from PIL import Image
+
+    _images(tmp_path / "src", 6, 0)
+    _images(tmp_path / "tgt", 6, 1)
+    s = ["--store", str(tmp_path / "P")]
+    common = ["--set", "train.epochs=3", "--set", "active.rounds_at=[1,2]"]
+    assert (
+        main(
+            [
+                "init",
+                *s,
+                "--source-dir",
+                str(tmp_path / "src"),
+                "--target-dir",
+                str(tmp_path / "tgt"),
+                *common,
+                "--set",
+                "active.budget_per_round=3",
+            ]
+        )
+        == 0
+    )
+    assert main(["train", *s]) == 0 and main(["query", *s]) == 0
+    p = Project(tmp_path / "P")
+    rows = _rows(p)
+    recs = [{"sample_id": r["sample_id"], "label": Path(r["path"]).parent.name} for r in rows]
+    eada.import_labels(p, recs, annotator="ann")
+    assert main(["train", *s]) == 0  # unchanged files: a stat each, trains
+    capsys.readouterr()
+    victim = Path(rows[0]["path"])
+    Image.fromarray(np.zeros((16, 16, 3), "uint8")).save(victim)  # another photo, same name
+    for cmd in (["train", *s], ["query", *s]):
+        assert main(cmd) == 2
+        line = _one_error(capsys.readouterr().err)
+        assert "1 labeled image(s) changed" in line and str(victim) in line
+
+
+def test_every_corrupt_image_is_named_and_a_link_out_does_not_block_a_scan(
+    tmp_path: Path, capsys
+) -> None:
+    _images(tmp_path / "src", 4, 0)
+    _images(tmp_path / "tgt", 4, 1)
+    (tmp_path / "tgt" / "a" / "bad1.png").write_text("junk")
+    (tmp_path / "tgt" / "b" / "bad2.png").write_text("junk")
+    s = ["--store", str(tmp_path / "P")]
+    args = ["--source-dir", str(tmp_path / "src"), "--target-dir", str(tmp_path / "tgt")]
+    assert main(["init", *s, *args]) == 2
+    err = capsys.readouterr().err
+    assert "2 corrupt or unreadable image(s)" in err and "bad1.png" in err and "bad2.png" in err
+    # an unlabeled flat target grows: a link to a file outside the roots is left out and named,
+    # the good new file is registered
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i, f in enumerate(sorted((tmp_path / "src" / "a").iterdir())):
+        (flat / f"t{i}.png").write_bytes(f.read_bytes())
+    _images(tmp_path / "src2", 4, 2)
+    args = ["--source-dir", str(tmp_path / "src2"), "--target-dir", str(flat)]
+    sets = ["active.budget_per_round=1", "active.rounds_at=[1]", "train.epochs=2"]
+    assert main(["init", *s, *args, *[w for k in sets for w in ("--set", k)]]) == 0
+    secret = tmp_path / "secret.png"
+    secret.write_bytes((flat / "t0.png").read_bytes())
+    (flat / "evil.png").symlink_to(secret)
+    (flat / "new.png").write_bytes((tmp_path / "src" / "b" / "b0.png").read_bytes())
+    capsys.readouterr()
+    assert main(["target", "scan", *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "1 new file(s) registered" in out
+    assert f"{flat / 'evil.png'} is a link to {secret}" in out
+
+
+def test_report_says_when_a_runs_data_changed_since_it_ran(tmp_path: Path, capsys) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 6)).astype(np.float32)
+    np.savez(tmp_path / "src.npz", fts=x, labels=np.arange(40) % 2)
+    np.savez(tmp_path / "tgt.npz", fts=x + 0.1, labels=np.arange(40) % 2)
+    raw = {
+        "name": "changed",
+        "data": {
+            "kind": "features",
+            "source": str(tmp_path / "src.npz"),
+            "target": str(tmp_path / "tgt.npz"),
+        },
+        "model": {"name": "mlp", "hidden": [8]},
+        "train": {"epochs": 2, "batch_size": 16},
+        "active": {"rounds_at": [1], "budget_per_round": 4},
+    }
+    (tmp_path / "R.yaml").write_text(json.dumps(raw))
+    out = tmp_path / "run"
+    assert main(["run", str(tmp_path / "R.yaml"), "--out", str(out), "--threads", "1"]) == 0
+    assert main(["report", str(out)]) == 0
+    assert "the data changed" not in capsys.readouterr().err
+    np.savez(tmp_path / "tgt.npz", fts=x - 0.1, labels=np.arange(40) % 2)  # other data
+    assert main(["report", str(out)]) == 0
+    err = _flat(capsys.readouterr().err)
+    assert "note: the data changed since the run" in err and "tgt.npz" in err
+    assert "The data changed since these runs ran" in (out / "report.html").read_text()

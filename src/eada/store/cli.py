@@ -201,8 +201,8 @@ def _cmd_target_scan(args: argparse.Namespace) -> int:
     tail = (
         ""
         if rows
-        else f", {len(out['bad'])} unreadable (not registered); features extracted for "
-        f"{out['extracted']} image(s)"
+        else f", {len(out['bad'])} left out (unreadable, or outside the data roots); features "
+        f"extracted for {out['extracted']} image(s)"
     )
     console.print(
         f"target scan of {args.store}: {len(out['new'])} new {'row' if rows else 'file'}(s) "
@@ -213,7 +213,7 @@ def _cmd_target_scan(args: argparse.Namespace) -> int:
     for p in out["vanished"]:
         console.print(f"  vanished: {p}", soft_wrap=True, highlight=False)
     for p, why in ({} if rows else out["bad"]).items():
-        console.print(f"  unreadable: {p} ({why})", soft_wrap=True, highlight=False)
+        console.print(f"  not registered: {p} ({why})", soft_wrap=True, highlight=False)
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 
