@@ -61,6 +61,12 @@ NOT_RUN: dict[str, str] = {
     "eada query --store runs/proj --audit 20": "store flow (needs the init above): "
     "tests/test_pool.py draws and labels an audit round",
     "eada target scan --store runs/proj": "store flow: tests/test_pool.py grows a pool",
+    "eada config set --store runs/proj store.label_studio_root=/srv/label-studio-data": "needs "
+    "a store whose images lie under that folder: tests/test_labelstudio_team.py sets the root "
+    "after init (connect --root, the same call)",
+    "eada config set --store runs/proj store.conflicts=majority store.conflict_tie=reviewer "
+    "store.reviewer=alice": "needs a store with annotators: tests/test_store_disputes.py runs "
+    "eada config set on one",
 }
 TEMPLATE = re.compile(r"\[|\||\.\.\.|\$|\b[A-Z][A-Z_0-9]{2,}\b|\bM\b")
 TRAINS = ("eada run ", "eada bench ")
