@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from eada.store.db import AUDIT, q
+from eada.store.db import q
 from eada.store.labelfiles import (
     LS_FROM_NAME,
     label_studio_config,
@@ -361,6 +361,7 @@ def connect(
         assert old is not None
         client.request("GET", f"/api/projects/{old['project']}/")  # still there, token valid
         pushed = [push_round(project, n, client) for n in _unpushed(project)]
+        sync_model_version(project, client)
         return {**old, "pushed": pushed}
     images = any(r["path"] for r in project.store.samples("target"))
     doc_root = _document_root(project) if images else None  # feature rows: no files served
@@ -448,17 +449,33 @@ def push_round(project: Any, number: int, client: LabelStudioClient | None = Non
     except ValueError as err:
         raise LabelStudioError(str(err)) from None
     client.request("POST", f"/api/projects/{conn['project']}/import", tasks)
-    if rnd["strategy"] != AUDIT:  # the pre-annotations Label Studio shows: the newest round's
-        client.request(
-            "PATCH",
-            f"/api/projects/{conn['project']}/",
-            {"model_version": model_version(number)},
-        )
     with project.store.transaction():
         now_conn = connection(project) or conn
         now_conn["pushed"] = sorted({*now_conn.get("pushed", []), number})
         project.store.set_meta(META_KEY, json.dumps(now_conn))
+    sync_model_version(project, client)
     return number
+
+
+def sync_model_version(project: Any, client: LabelStudioClient | None = None) -> str | None:
+    """Set the Label Studio project's ``model_version`` to the newest pushed active round's
+    (``eada-round-N``; audit rounds carry no prediction): Label Studio shows the predictions
+    of its project's model version, so each round's tasks show their own pre-annotations.
+    Runs after every push (a failure to set it is retried by the next push or connect).
+    Returns the version set, or ``None`` when no active round was pushed."""
+    conn = connection(project)
+    if conn is None:
+        return None
+    pushed = set(conn.get("pushed", []))
+    active = [r["number"] for r in project.store.active_rounds() if r["number"] in pushed]
+    if not active:
+        return None
+    version = model_version(max(active))
+    client = client or client_for(project)
+    got = client.request("GET", f"/api/projects/{conn['project']}/")
+    if not isinstance(got, dict) or got.get("model_version") != version:
+        client.request("PATCH", f"/api/projects/{conn['project']}/", {"model_version": version})
+    return version
 
 
 def push_pending(project: Any) -> list[int]:
