@@ -180,3 +180,22 @@ def test_a_schema_2_store_is_migrated_with_its_answers_as_votes(proj: Project) -
     assert votes == {"a": 0, "b": 1}
     st = p.status()
     assert st["disputes"] == [] and st["agreement"][0]["agree"] == 0
+
+
+def test_the_export_lists_open_disputes(proj: Project, tmp_path: Path) -> None:
+    ids = _ids(proj)
+    a, b = proj.classes[0], proj.classes[1]
+    eada.import_labels(
+        proj,
+        [
+            {"sample_id": ids[0], "label": a, "annotator": "alice"},
+            {"sample_id": ids[0], "label": b, "annotator": "bob"},
+        ],
+    )
+    files = proj.export(tmp_path / "out")
+    with open(files["disputes.csv"], newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["sample_id"], r["annotator"], r["answer"]) for r in rows] == [
+        (str(ids[0]), "alice", a),
+        (str(ids[0]), "bob", b),
+    ]

@@ -95,7 +95,14 @@ def model_meta(project: Any) -> dict[str, Any]:
 #: the files ``eada export`` writes; a folder holding only these (or nothing) is an export that
 #: ``--force`` may replace
 EXPORT_FILES = frozenset(
-    {"labels.csv", "labels_history.csv", "model.pt", "model.json", "predictions.csv"}
+    {
+        "labels.csv",
+        "labels_history.csv",
+        "disputes.csv",
+        "model.pt",
+        "model.json",
+        "predictions.csv",
+    }
 )
 
 

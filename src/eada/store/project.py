@@ -481,7 +481,8 @@ class Project(ProjectRounds):
 
     def export(self, out: str | Path, force: bool = False) -> dict[str, str]:
         """Write ``labels.csv`` (labels in force), ``labels_history.csv`` (every row,
-        corrections and skips included: ``skip`` holds the reason), ``model.pt`` (the last
+        corrections and skips included: ``skip`` holds the reason), ``disputes.csv`` (each
+        annotator's answer of every open dispute), ``model.pt`` (the last
         checkpoint's model weights, a plain ``state_dict``), ``model.json`` (config,
         classes, SHA-256 of ``model.pt``) and ``predictions.csv``.
 
@@ -531,6 +532,26 @@ class Project(ProjectRounds):
                 for row in conn.execute(query.format(where=where)):
                     w.writerow(["" if v is None else csv_safe(v) for v in tuple(row)])
                 files[name] = buf.getvalue().encode("utf-8")
+            buf = io.StringIO(newline="")
+            w = csv.writer(buf, lineterminator="\n")
+            w.writerow(["sample_id", "path", "annotator", "answer", "origin", "in_force", "opened"])
+            for d in open_disputes(conn):  # one row per annotator of each open dispute
+                for who, answer in d["answers"].items():
+                    w.writerow(
+                        [
+                            csv_safe(v)
+                            for v in (
+                                d["sample_id"],
+                                d["path"] or d.get("external_id") or "",
+                                who,
+                                answer,
+                                d["origins"].get(who, ""),
+                                d["in_force"] or "",
+                                d["opened"],
+                            )
+                        ]
+                    )
+            files["disputes.csv"] = buf.getvalue().encode("utf-8")
             ck = self.store.latest_checkpoint()
             state = self.load_checkpoint(ck) if ck is not None else None  # refused: nothing written
             if ck is not None and state is not None:
