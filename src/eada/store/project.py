@@ -198,9 +198,17 @@ class Project(ProjectRounds):
             rounds = self.store.active_rounds()  # audit rounds are outside the schedule
             if action == "label" and not partial:
                 c = self.round_counts(rounds[-1]["id"])
+                n_disputed = len(open_disputes(self.store.conn))
+                disputed = (
+                    f"; {n_disputed} disputed by their annotators (listed by "
+                    f"{how('eada status', 'project.status()')}; `store.conflicts` settles them)"
+                    if n_disputed
+                    else ""
+                )
                 raise StoreError(
                     f"round {rounds[-1]['number']} awaits an answer for {c['pending']} of its "
-                    f"{c['selected']} samples ({c['labeled']} labeled, {c['skipped']} skipped): "
+                    f"{c['selected']} samples ({c['labeled']} labeled, {c['skipped']} skipped"
+                    f"{disputed}): "
                     "import labels or skips with "
                     f"{how('eada label import FILE', 'project.import_labels(FILE)')} (a `skip` "
                     "column marks a sample unusable), or train with the labels so far: "
