@@ -266,7 +266,7 @@ def document_root_or_none(project: Any) -> Path | None:
     if root is None or option is not None:
         return root
     files = [Path(r["path"]) for r in project.store.samples("target") if r["path"]]
-    if files and Path(os.path.commonpath([str(f.parent) for f in files])) == root:
+    if any(f.parent == root for f in files):  # a file directly in it: Label Studio refuses
         up = root.parent
         return None if unsafe_document_root(up) is not None else up
     return root
