@@ -413,3 +413,42 @@ def test_report_says_when_a_runs_data_changed_since_it_ran(tmp_path: Path, capsy
     err = _flat(capsys.readouterr().err)
     assert "note: the data changed since the run" in err and "tgt.npz" in err
     assert "The data changed since these runs ran" in (out / "report.html").read_text()
+
+
+def test_one_annotators_newest_label_studio_annotation_counts(
+    proj: Project, tmp_path: Path
+) -> None:
+    """alice skips a task, then labels it: her newest annotation is her answer (not a
+    refused import); bob's agreeing label makes it agreed."""
+    sid = int(_rows(proj)[0]["sample_id"])
+    c0 = proj.classes[0]
+    choice = [{"type": "choices", "from_name": "label", "value": {"choices": [c0]}}]
+    task = {
+        "id": 41,
+        "data": {"sample_id": sid},
+        "annotations": [
+            {
+                "id": 2,
+                "result": choice,
+                "completed_by": {"email": "alice"},
+                "updated_at": "2026-01-02T00:00:00Z",
+            },
+            {
+                "id": 1,
+                "result": [],
+                "was_cancelled": True,
+                "completed_by": {"email": "alice"},
+                "updated_at": "2026-01-01T00:00:00Z",
+            },
+            {
+                "id": 3,
+                "result": choice,
+                "completed_by": {"email": "bob"},
+                "updated_at": "2026-01-03T00:00:00Z",
+            },
+        ],
+    }
+    (tmp_path / "ls.json").write_text(json.dumps([task]))
+    out = proj.import_labels(tmp_path / "ls.json")
+    assert out["new"] == 1 and out["disputes"] == []
+    assert proj.status()["agreement"][0]["agree"] == 1

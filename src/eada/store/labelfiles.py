@@ -204,7 +204,15 @@ def read_label_studio(tasks: list[Any]) -> list[LabelItem]:
         if not isinstance(anns, list):
             raise ImportFileError(f"{where}: 'annotations' must be a list")
         by_who: dict[str | None, tuple[str | None, bool]] = {}
-        for ann in anns:
+
+        def newest_last(a: Any) -> tuple[str, int]:
+            if not isinstance(a, dict):
+                return ("", 0)
+            when = a.get("updated_at") or a.get("created_at") or ""
+            ident = a.get("id")
+            return (str(when), ident if isinstance(ident, int) else 0)
+
+        for ann in sorted(anns, key=newest_last):  # one annotator's newest answer counts
             if not isinstance(ann, dict):
                 continue
             who = _ls_annotator(ann)
@@ -221,11 +229,11 @@ def read_label_studio(tasks: list[Any]) -> list[LabelItem]:
                 got = (str(choices[0]), False)
             if got is None:
                 continue
-            if who in by_who and by_who[who] != got:
+            if who is None and who in by_who and by_who[who] != got:
                 shown = sorted(str(a or "skip") for a in {by_who[who][0], got[0]})
                 raise ImportFileError(
-                    f"{where}: conflicting annotations {shown} by one annotator "
-                    f"({who or 'not named in the export'}); keep one of them"
+                    f"{where}: conflicting annotations {shown} by annotators the export does "
+                    "not name (no completed_by): export with the annotators, or keep one"
                 )
             by_who[who] = got
         path = data.get("path")
