@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -267,10 +268,17 @@ def test_bad_feature_files_are_named(tmp_path: Path, capsys) -> None:
         ("obj.npz", "object array"),
         ("cut.mat", "truncated or damaged"),
         ("empty.npz", "is empty"),
+        ("empty.npz+zscore", "is empty"),  # no numpy warning before the error
     ):
+        name, _, norm = name.partition("+")
+        raw["data"]["normalize"] = norm or "none"
         raw["data"]["target"] = str(tmp_path / name)
         cfg.write_text(json.dumps(raw))
-        assert main(["init", "--store", str(tmp_path / f"P-{name}"), "--config", str(cfg)]) == 2
+        store = str(tmp_path / f"P-{name}{norm}")
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            code = main(["init", "--store", store, "--config", str(cfg)])
+        assert code == 2 and not [w for w in seen if issubclass(w.category, RuntimeWarning)]
         line = _one_error(capsys.readouterr().err)
         assert match in line and (name in line or match == "is empty"), line
 

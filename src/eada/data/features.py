@@ -251,6 +251,8 @@ def domain_statistics(x: np.ndarray, how: Normalize) -> dict[str, Any]:
     """
     if how not in ("zscore", "l1_zscore"):
         return {"normalize": how}
+    if len(x) == 0:
+        raise ValueError(f"no rows to compute the {how} statistics of: the domain is empty")
     if how == "l1_zscore":
         x = _l1_rows(x)
     return {"normalize": how, "mean": x.mean(axis=0).tolist(), "std": x.std(axis=0).tolist()}
@@ -278,6 +280,8 @@ def normalize_features(
         if how == "l2":
             return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
         return x
+    if len(x) == 0 and stats is None:  # no statistics of no rows (the empty domain is refused
+        return x  # by name where the task is checked, without numpy's warnings first)
     if stats is None:
         stats = domain_statistics(x, how)
     if stats.get("normalize") != how or len(stats.get("mean", ())) != x.shape[1]:
