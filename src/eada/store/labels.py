@@ -47,8 +47,10 @@ class LabelConflictError(ValueError):
         super().__init__(
             f"{source}: {len(conflicts)} label(s) would replace another annotator's label, "
             f"nothing was imported:\n{text}\n"
-            "pass --force (Python: force=True) to replace them, or set `store.conflicts: "
-            "newest-wins` in the project config"
+            "pass --force (Python: force=True) to replace them, or let a policy settle such "
+            "disagreements: `eada config set store.conflicts=majority` (or newest-wins, or "
+            "reviewer with store.reviewer=NAME); under majority or reviewer an unsettled one "
+            "is a dispute, listed by `eada status`, not a refused import"
         )
 
 
