@@ -31,6 +31,7 @@ from rich.table import Table
 
 console = Console()
 FALLBACK_STORE = "eada-project"
+MAX_LISTED = 20  # disputes printed one a line (the JSON and the report hold them all)
 DEFAULT_STORE = os.environ.get("EADA_STORE", FALLBACK_STORE)  # as the help shows it
 
 
@@ -245,8 +246,10 @@ def print_disputes(disputes: list[dict[str, Any]], store: str, head: str = "disp
         f"settles them: eada config set --store {quote(store)} store.conflicts=majority "
         "(or newest-wins, or reviewer with store.reviewer=NAME)"
     )
-    for d in disputes:
+    for d in disputes[:MAX_LISTED]:
         _say(f"  {dispute_line(d)}")
+    if len(disputes) > MAX_LISTED:
+        _say(f"  ... and {len(disputes) - MAX_LISTED} more (eada status --json lists them all)")
 
 
 def import_summary(out: dict[str, Any]) -> str:
