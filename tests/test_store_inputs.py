@@ -160,6 +160,11 @@ def test_a_url_that_is_not_http_host_port_is_named(proj: Project, capsys, monkey
     code = main(["labelstudio", "connect", "--store", str(proj.folder), "--url", "not-a-url"])
     assert code == 2
     assert "expected http://HOST:PORT" in _error(capsys.readouterr().err)
+    url = ["--url", "http://127.0.0.1:9"]
+    assert (
+        main(["labelstudio", "connect", "--store", str(proj.folder), *url, "--overlap", "0"]) == 2
+    )
+    assert "--overlap must be between 1 and 100" in _error(capsys.readouterr().err)
 
 
 # -- label files that were accepted but wrong --------------------------------------------------
