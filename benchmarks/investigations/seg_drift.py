@@ -9,7 +9,7 @@ the source NLL, and the commit, command and time that made it.
 
 Usage (repository root, one torch thread):
 
-    python benchmarks/seg_drift.py [--seeds 0-1] [--gammas 0.01,0.1,1.0] \\
+    python benchmarks/investigations/seg_drift.py [--seeds 0-1] [--gammas 0.01,0.1,1.0] \\
         [--out runs/seg_drift] [--summary benchmarks/results/seg_synthetic_drift.json]
 """
 

@@ -2,7 +2,7 @@
 call of a process (files hashed, images stat-ed) and a repeat (the per-process cache of file
 digests; image lists and folders are stat-ed again), on the shared data.
 
-    python benchmarks/data_digest_cost.py [--data ../shared/data] [--repeats 5]
+    python benchmarks/investigations/data_digest_cost.py [--data ../shared/data] [--repeats 5]
         [--out benchmarks/results/data_digest_cost.json]
 """
 

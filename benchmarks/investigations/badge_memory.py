@@ -5,7 +5,8 @@ Peak = the largest extra memory numpy allocates during the call (``tracemalloc``
 inputs (energies (N, C) and embeddings (N, D), float32: 69 MB + 51 MB). Run it once per code
 version and compare; one thread (the result JSON names it)::
 
-    OMP_NUM_THREADS=1 python benchmarks/badge_memory.py --out benchmarks/results/badge_memory.json
+    OMP_NUM_THREADS=1 python benchmarks/investigations/badge_memory.py \\
+        --out benchmarks/results/badge_memory.json
 """
 
 from __future__ import annotations

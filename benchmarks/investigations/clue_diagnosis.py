@@ -23,7 +23,7 @@ term's effect on the model CLUE selects with.
 
 Usage (repository root; one torch thread)::
 
-    python benchmarks/clue_diagnosis.py configs/office_caltech10_surf.yaml \\
+    python benchmarks/investigations/clue_diagnosis.py configs/office_caltech10_surf.yaml \\
         --set data.source=... --set data.target=... --set name=surf/C->D --seeds 0-4 \\
         --out benchmarks/results/clue_diagnosis/surf_c-d.json
 """

@@ -22,7 +22,7 @@ Cases (small on purpose; the names are the table's):
   runs) in one process and with ``--jobs 2``;
 * ``--no-neighbour``: no busy neighbour (the throughput of ``--jobs`` on an idle machine).
 
-    python benchmarks/busy_machine.py --code before=/tmp/old_tree --code after=. \\
+    python benchmarks/investigations/busy_machine.py --code before=/tmp/old_tree --code after=. \\
         --cache-dir /tmp/cache --out benchmarks/results/busy_machine.json
 """
 

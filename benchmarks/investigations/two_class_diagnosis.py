@@ -1,5 +1,6 @@
 """Which part of the ``normalized`` alignment costs accuracy on the two-class SURF tasks where it
-loses (``benchmarks/two_class.py``): two ablations of it, run exactly as the default otherwise.
+loses (``benchmarks/investigations/two_class.py``): two ablations of it, run exactly as the
+default otherwise.
 
 * ``detached_source_scale``: the joint scale ``sigma`` takes the source batch's energies without
   gradient. By Euler's theorem the default's loss has no gradient along a common scale of both
@@ -14,7 +15,8 @@ here first; it is now the library's ``eada_no_fea`` (``train.fea_gate: zero``), 
 its committed records (``diagnosis/surf/*/zero_weight``: the same final metrics and the
 same labeled samples on the four tasks, seeds 0-2).
 
-Usage: ``python benchmarks/two_class_diagnosis.py [--tasks surf/A-W,surf/W-A] [--seeds 0-2]``
+Usage: ``python benchmarks/investigations/two_class_diagnosis.py [--tasks surf/A-W,surf/W-A]
+[--seeds 0-2]``
 (results under ``benchmarks/results/two_class/diagnosis/``; the patches live in this script
 only, the library is unchanged).
 """

@@ -12,13 +12,13 @@ leaderboard's protocol), for:
   became it) and ``eada_no_fea``, records written by
   ``eada bench`` under ``benchmarks/results/paired_seeds/surf/<S>-<T>/``, and ``eada`` with
   the ``labels`` gate under ``benchmarks/results/paired_seeds_labels/surf/<S>-<T>/``;
-* the two-class tasks of ``benchmarks/two_class.py`` (12 SURF pairs and 4 Office-31 pairs),
-  records under ``benchmarks/results/two_class_20seeds/``, with every variant that has 20
-  seeds there (the default, the gates, the paper's loss).
+* the two-class tasks of ``benchmarks/investigations/two_class.py`` (12 SURF pairs and 4
+  Office-31 pairs), records under ``benchmarks/results/two_class_20seeds/``, with every
+  variant that has 20 seeds there (the default, the gates, the paper's loss).
 
 Nothing is trained here; ``--commands`` prints the commands that write the records.
 
-Usage (repository root): ``python benchmarks/paired_seeds.py [--markdown]``
+Usage (repository root): ``python benchmarks/investigations/paired_seeds.py [--markdown]``
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ import numpy as np
 from eada.reports.tables import markdown_table
 from eada.runs import read_jsonl, write_json
 
-sys.path.insert(0, str(Path(__file__).parent))
-from leaderboard import SURF_DIR, SURF_FILES, SURF_PAIRS
+sys.path.insert(0, str(Path(__file__).parent))  # two_class
+sys.path.insert(0, str(Path(__file__).parents[1]))  # leaderboard, at the top of benchmarks/
 from two_class import last_acc, read_runs
+
+from leaderboard import SURF_DIR, SURF_FILES, SURF_PAIRS
 
 R = Path("benchmarks/results")
 TEN_CLASS = R / "paired_seeds" / "surf"
@@ -147,11 +149,11 @@ def commands() -> list[str]:
             f"{base} --methods eada --set train.fea_gate=labels --out {TEN_CLASS_LABELS}/{pair}",
         ]
     out.append(
-        "python benchmarks/two_class.py --variants no_fea,normalized,normalized_confidence,"
-        f"normalized_labels --seeds 0-19 --out {TWO_CLASS}"
+        "python benchmarks/investigations/two_class.py --variants no_fea,normalized,"
+        f"normalized_confidence,normalized_labels --seeds 0-19 --out {TWO_CLASS}"
     )
     out.append(
-        "python benchmarks/two_class.py --office31 --variants no_fea,normalized,"
+        "python benchmarks/investigations/two_class.py --office31 --variants no_fea,normalized,"
         "normalized_confidence,normalized_dann,normalized_labels,paper --seeds 0-19 "
         f"--only office31/<the four pairs> --out {TWO_CLASS}"
     )

@@ -9,7 +9,7 @@ what LAS's ``knn: exact`` costs; its time is in ``benchmarks/query_time.py``'s `
 For each index: build time (train + add), search time for all ``N`` rows (CPU seconds,
 ``time.process_time``; wall in the JSON), and recall@10 = the share of the exact neighbours found.
 
-    python benchmarks/knn_choice.py [--sizes 10000,55388,110776] [--queries 2000]
+    python benchmarks/investigations/knn_choice.py [--sizes 10000,55388,110776] [--queries 2000]
            [--pool synthetic|mnist] [--out benchmarks/results/knn_choice.json]
 
 ``--pool mnist``: real images instead, the 10,000 MNIST test digits (784 raw pixels each, from

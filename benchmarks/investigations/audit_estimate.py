@@ -12,7 +12,7 @@ how often the interval holds the truth.
 
 Usage (repository root, ../shared/data beside it):
 
-    python benchmarks/audit_estimate.py [--seeds 0-9] [--n 20] [--draws 3]
+    python benchmarks/investigations/audit_estimate.py [--seeds 0-9] [--n 20] [--draws 3]
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ records, on a fixed random subset of the source and the target (test view, ``eva
 
 Usage (repository root; one torch thread):
 
-    python benchmarks/lfea_diagnosis.py digits/mnist-mnistm --method eada \
+    python benchmarks/investigations/lfea_diagnosis.py digits/mnist-mnistm --method eada \
         [--set train.alignment=centered] [--seed 0] [--subset 4000] --out FILE.json
 """
 

@@ -6,7 +6,8 @@ A run takes one snapshot before each round and one after the last epoch (6 for t
 presets). CPU time (``time.process_time``) is used so the number does not depend on what else
 the machine runs; one thread (the result names it). Run it once per code version::
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/domain_stats_cost.py --label after \\
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/investigations/domain_stats_cost.py \\
+        --label after \\
         --out benchmarks/results/domain_stats_cost.json
 """
 

@@ -18,7 +18,7 @@ and the new runs under ``benchmarks/results/alignment`` and writes
 
 A cell lists its seeds; one with fewer than 3 seeds is marked. Nothing is trained here.
 
-Usage (repository root): ``python benchmarks/alignment_table.py``
+Usage (repository root): ``python benchmarks/investigations/alignment_table.py``
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ task and variant under ``--out`` (resumable), the summary in ``OUT/summary.json`
 
 Usage (repository root, ../shared/data beside it; one torch thread):
 
-    python benchmarks/two_class.py [--seeds 0-2] [--digits] [--out benchmarks/results/two_class]
-    python benchmarks/two_class.py --table-only
+    python benchmarks/investigations/two_class.py [--seeds 0-2] [--digits] \\
+        [--out benchmarks/results/two_class]
+    python benchmarks/investigations/two_class.py --table-only
 """
 
 from __future__ import annotations

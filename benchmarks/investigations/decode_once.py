@@ -12,7 +12,7 @@ amazon and webcam folders (the first ``--per-class`` images of every class, as s
 empty feature cache, counting the ``PIL.Image.open`` calls (``data.workers: 0``: every decode
 in that process) and the wall time; then loads it again (cache hit).
 
-    python benchmarks/decode_once.py --code before=/tmp/tree_main --code after=. \\
+    python benchmarks/investigations/decode_once.py --code before=/tmp/tree_main --code after=. \\
         --out benchmarks/results/decode_once.json
 """
 
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "office31_amazon_subset_webcam_lite0_frozen.yaml"
 OFFICE = ROOT.parent / "shared" / "data" / "office31"
 

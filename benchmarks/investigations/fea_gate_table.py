@@ -8,7 +8,7 @@ records of the ungated default and of ``eada_no_fea``: ``benchmarks/results/alig
 ``benchmarks/results/bench_office31``. Final target accuracy (whole target, last epoch), mean
 over seeds 0-2. Nothing is trained here.
 
-Usage (repository root): ``python benchmarks/fea_gate_table.py [--gate confidence]``
+Usage (repository root): ``python benchmarks/investigations/fea_gate_table.py [--gate confidence]``
 """
 
 from __future__ import annotations

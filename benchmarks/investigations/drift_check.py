@@ -9,7 +9,7 @@ predate ``train.alignment`` ran the paper's loss.
 
 Usage (repository root):
 
-    python benchmarks/drift_check.py [--out benchmarks/results/drift/check.json]
+    python benchmarks/investigations/drift_check.py [--out benchmarks/results/drift/check.json]
 """
 
 from __future__ import annotations

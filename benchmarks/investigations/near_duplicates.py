@@ -31,7 +31,7 @@ the false flags over all pairs of distinct samples (per 10,000 pairs and per rou
 
 Usage (repository root, ../shared/data beside it; one thread):
 
-    python benchmarks/near_duplicates.py [--data ../shared/data] [--epochs 1,5]
+    python benchmarks/investigations/near_duplicates.py [--data ../shared/data] [--epochs 1,5]
                                          [--out benchmarks/results/near_duplicates.json]
 """
 
