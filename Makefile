@@ -27,14 +27,14 @@ demo: $(STAMP)
 	$(BIN)/eada demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
 
 # the documentation site into site/ (open site/index.html); --strict: a broken link, a page
 # left out of the nav or an API reference that does not resolve fails the build
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 test: lint docs
 	$(BIN)/python -m pytest -ra

@@ -21,7 +21,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 #: site page -> the repository file rendered there
-INCLUDED = {"index.md": "README.md", "results.md": "BENCHMARKS.md", "contributing.md": "CONTRIBUTING.md"}
+INCLUDED = {
+    "index.md": "README.md",
+    "results.md": "BENCHMARKS.md",
+    "contributing.md": "CONTRIBUTING.md",
+}
 #: repository file -> its site page
 PAGE_OF = {v: k for k, v in INCLUDED.items()}
 LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")
@@ -66,7 +70,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
                     return m.group(0)
                 new = _rewrite(target, repo_dir, page_dir)
                 if new is None:
-                    return f"{m.group(1)[m.group(1).startswith('!'):]} (`{target}`)"
+                    return f"{m.group(1)[m.group(1).startswith('!') :]} (`{target}`)"
                 return f"{m.group(1)}({new})"
 
             line = LINK.sub(sub, line)
