@@ -618,7 +618,7 @@ def alignment_runaway(
         f"Delta fell {path} and the alignment loss rose {a[0]:.1f} -> {a[-1]:.1f} over the last "
         f"{span} {unit}: L_fea is scaling all energies up instead of aligning the domains. "
         "Lower train.gamma (on MNIST->MNIST-M, 0.01 ran away under Adam and 0.001 trained "
-        "stably; BENCHMARKS.md)."
+        "stably; docs/results/lfea-collapse.md)."
     )
 
 
@@ -630,7 +630,7 @@ class AlignmentDriftWarning(RuntimeWarning):
 #: what the drift message advises by default (the classification trainer's options)
 DRIFT_REMEDY = (
     "The normalized alignment gives that direction no gradient; else lower train.gamma "
-    "(BENCHMARKS.md, 'The drift warning')."
+    "(docs/results/drift-warning.md)."
 )
 
 
