@@ -6,6 +6,8 @@ and writes:
 * ``docs/figures/leaderboard-ranks.png``: the rank of every ranked method (columns, best
   average rank first) on every task (rows), 1 = best, as a heat map; a cell without three
   seeds shows a dash;
+  the PNG's ``Source`` metadata holds the digest of the summary it was drawn from, so a stale
+  figure can be told (``tests/test_docs_site.py``);
 * the README's results summary, between ``<!-- results-summary:begin -->`` and
   ``<!-- results-summary:end -->``: the average ranks, the wins and where EADA stands, computed
   from the same file.
@@ -19,6 +21,7 @@ Run it after ``benchmarks/leaderboard.py --benchmarks BENCHMARKS.md``::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -45,8 +48,13 @@ def rank_matrix(summary: dict[str, Any]) -> tuple[list[str], list[str], list[lis
     return tasks, methods, ranks
 
 
-def figure(summary: dict[str, Any], out: Path) -> None:
-    """Draw the rank heat map into ``out`` (PNG)."""
+def digest(path: Path) -> str:
+    """SHA-256 of the summary file, kept in the PNG (``Source``) to tell a stale figure."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def figure(summary: dict[str, Any], out: Path, source: str = "") -> None:
+    """Draw the rank heat map into ``out`` (PNG); ``source`` goes into its metadata."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,7 +87,7 @@ def figure(summary: dict[str, Any], out: Path) -> None:
     fig.colorbar(im, ax=ax, fraction=0.025, pad=0.01, label="rank")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, metadata={"Software": None})
+    fig.savefig(out, metadata={"Software": None, "Source": source})
     plt.close(fig)
 
 
@@ -172,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if not same:
             print(f"{args.readme}: the results summary is stale; run {sys.argv[0]}")
         return 0 if same else 1
-    figure(summary, args.figure)
+    figure(summary, args.figure, f"{args.summary.as_posix()} sha256 {digest(args.summary)}")
     print(text)
     return 0
 

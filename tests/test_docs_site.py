@@ -49,6 +49,14 @@ def test_readme_results_summary_is_the_leaderboards(tmp_path: Path) -> None:
     cell = other["tasks"]["toy"]["cells"]
     cell["EADA (default)"]["rank"], cell["TQS"]["rank"] = 1.0, 10.5
     assert fig.summary_text(other) != text and "EADA (default) 2 (" in fig.summary_text(other)
+    # the heat map was drawn from this summary.json (its digest is in the PNG's metadata)
+    from PIL import Image
+
+    with Image.open(REPO / fig.FIGURE) as png:
+        source = png.text.get("Source", "")
+    assert source == f"{fig.SUMMARY.as_posix()} sha256 {fig.digest(REPO / fig.SUMMARY)}", (
+        "docs/figures/leaderboard-ranks.png is stale: run python benchmarks/leaderboard_figure.py"
+    )
     # and --check says so about a README that differs
     readme = tmp_path / "README.md"
     readme.write_text(f"x\n{fig.BEGIN}\nold\n{fig.END}\n")
