@@ -6,7 +6,7 @@ storage and pushes the round (every task's image is served with HTTP 200, the mo
 a pre-annotation with its score, the EADA scores are task data); an annotator labels some
 tasks, skips one and corrects one through Label Studio's API; ``eada labelstudio pull`` and
 ``eada train`` (which pulls first) bring them in; a conflicting correction from a CSV exits 2
-and changes nothing; the next ``eada query`` reaches Label Studio too. Then the README's Label
+and changes nothing; the next ``eada query`` reaches Label Studio too. Then the Label
 Studio commands run as written on the same store."""
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def test_a_round_in_a_real_label_studio_server(
     round2 = {t["data"]["sample_id"] for t in tasks2 if t["data"]["round"] == 2}
     assert len(round2) == 5 and skipped["data"]["sample_id"] not in round2
 
-    # the annotator answers round 2; the README's Label Studio commands, as written, on this
+    # the annotator answers round 2; the Label Studio page's commands, as written, on this
     # store and this server (connecting again pushes nothing twice), bring it in and train
     for t in tasks2:
         if t["data"]["round"] == 2:
@@ -265,10 +265,10 @@ def _post(url: str, body: Any) -> Any:
 
 
 def readme_label_studio_commands() -> list[list[str]]:
-    """The ``eada`` lines of the README's *Label Studio, live* block, in order."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Label Studio, live", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    """The ``eada`` lines of the first shell block of ``docs/label-studio.md`` (the page the
+    README's *Label Studio, live* section moved to), in order."""
+    text = (REPO / "docs" / "label-studio.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
     assert block is not None
     return [
         shlex.split(line, comments=True)

@@ -350,9 +350,10 @@ def test_near_duplicates_are_flagged_in_export_status_and_report(tmp_path: Path)
 
 def test_near_duplicate_threshold_defaults_by_feature_kind() -> None:
     """Without ``store.near_duplicate_threshold``, feature rows are flagged from a cosine of
-    0.94 and decoded images from 0.999 (the defaults ``benchmarks/near_duplicates.py``
-    measured): a pair at cosine 0.970 is flagged among feature rows, not among images; a
-    threshold that is set applies to both, and the one used is returned."""
+    0.94 and decoded images from 0.999 (the defaults
+    ``benchmarks/investigations/near_duplicates.py`` measured): a pair at cosine 0.970 is
+    flagged among feature rows, not among images; a threshold that is set applies to both, and
+    the one used is returned."""
     from types import SimpleNamespace
 
     from eada.data.base import TensorDomain

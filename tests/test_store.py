@@ -141,7 +141,7 @@ def test_human_round_trip_on_digits(tmp_path: Path, digits_root: Path, capsys) -
     st = json.loads(capsys.readouterr().out)
     assert st["n_labeled"] == 30 and st["corrections"] == 1 and st["by_source"]["human"] == 30
     # near-duplicates are flags; on decoded digit pixels only from a cosine of 0.999 (at 0.95
-    # distinct digits of one round were flagged: benchmarks/near_duplicates.py)
+    # distinct digits of one round were flagged: benchmarks/investigations/near_duplicates.py)
     dups = st["rounds"][0].pop("near_duplicates")
     assert all(d["cosine"] >= 0.999 and d["of"] != d["sample_id"] for d in dups)
     info = json.loads(Project(folder).store.rounds()[0]["info"])

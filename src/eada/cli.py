@@ -36,7 +36,7 @@ def _log(msg: str) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from eada.demo import demo_table_rows, run_demo
+    from eada.demo import demo_notes, demo_table_rows, run_demo
 
     out = Path(args.out)
     results = run_demo(seeds=args.seeds, out=out, progress=_log)
@@ -52,6 +52,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     for row in demo_table_rows(results):
         table.add_row(*row)
     console.print(table)
+    for note in demo_notes(results):  # what this run's table shows that one would not expect
+        console.print(f"note: {note}", soft_wrap=True, highlight=False)
     console.print(f"results: {out / 'results.json'}\nfigure:  {out / results['figure']}")
     return 0
 
