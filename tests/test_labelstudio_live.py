@@ -196,16 +196,22 @@ def test_a_round_in_a_real_label_studio_server(
     labels = {r["sample_id"]: r["class_name"] for r in Project(store).store.current_labels()}
     assert labels[fixed["data"]["sample_id"]] == right[fixed["id"]]
 
-    # another annotator's conflicting CSV correction: exit 2, named, nothing changes
+    # another annotator's contradicting CSV answer: a dispute, both named; the label in force
+    # stays; the reviewer's policy settles it for the Label Studio annotator
     bad = store.parent / "bob.csv"
     sid = by_rank[0]["data"]["sample_id"]
     other = next(c for c in CLASSES if c != right[by_rank[0]["id"]])
     bad.write_text(f"sample_id,label,annotator\n{sid},{other},bob\n")
-    before = Project(store).status()
-    assert main(["label", "import", str(bad), *s]) == 2
-    err = _flat(capsys.readouterr().err)
-    assert f"sample {sid}" in err and f"by {who}" in err and f"bob labels it '{other}'" in err
-    assert Project(store).status() == before
+    assert main(["label", "import", str(bad), *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "1 disputed" in out and f"sample {sid}" in out
+    assert f"{who} '{right[by_rank[0]['id']]}'" in out and f"bob '{other}'" in out
+    labels = {r["sample_id"]: r["class_name"] for r in Project(store).store.current_labels()}
+    assert labels[sid] == right[by_rank[0]["id"]]
+    assert [d["sample_id"] for d in Project(store).status()["disputes"]] == [sid]
+    assert main(["config", "set", *s, "store.conflicts=reviewer", f"store.reviewer={who}"]) == 0
+    capsys.readouterr()
+    assert Project(store).status()["disputes"] == []
 
     # the next round reaches Label Studio; the skipped sample is not in it
     assert main(["query", *s]) == 0

@@ -16,7 +16,6 @@ from eada.cli import main
 from eada.hparams import preset_config
 from eada.store import Project, init_project
 from eada.store.db import SCHEMA_VERSION
-from eada.store.labels import LabelConflictError
 
 TOY = [
     "data.n_per_class=60",
@@ -149,19 +148,28 @@ def test_skip_routes_json_label_studio_records_and_bad_rows(proj: Project, tmp_p
     assert proj.status()["n_skipped"] == 3
 
 
-def test_conflicts_need_force_or_newest_wins(proj: Project, tmp_path: Path) -> None:
+def test_conflicts_are_disputes_unless_force_or_newest_wins(proj: Project, tmp_path: Path) -> None:
     sid = int(_rows(proj)[0]["sample_id"])
     a, b = proj.classes[0], proj.classes[1]
+    other = int(_rows(proj)[1]["sample_id"])
     eada.import_labels(proj, [{"sample_id": sid, "label": a}], annotator="alice")
     eada.import_labels(proj, [{"sample_id": sid, "label": b}], annotator="alice")  # own label
-    with pytest.raises(LabelConflictError) as err:
-        eada.import_labels(proj, [{"sample_id": sid, "label": a}], annotator="bob")
-    msg = str(err.value)
-    assert f"sample {sid} is labeled '{b}' by alice; bob labels it '{a}'" in msg
-    assert proj.status()["annotators"] == {"alice": {"labeled": 1, "skipped": 0}}
-    # a skip replacing another annotator's label is a conflict too
-    with pytest.raises(LabelConflictError, match="bob skips it"):
-        eada.import_labels(proj, [{"sample_id": sid, "skip": "blurred"}], annotator="bob")
+    # bob contradicts alice: a dispute, alice's label stays in force, bob's other row imported
+    out = eada.import_labels(
+        proj, [{"sample_id": sid, "label": a}, {"sample_id": other, "label": a}], annotator="bob"
+    )
+    assert out["new"] == 1
+    st = proj.status()
+    assert st["annotators"] == {
+        "alice": {"labeled": 1, "skipped": 0},
+        "bob": {"labeled": 1, "skipped": 0},
+    }
+    (dispute,) = st["disputes"]
+    assert dispute["sample_id"] == sid
+    assert dispute["answers"] == {"alice": b, "bob": a} and dispute["in_force"] == b
+    # a skip against another annotator's label is a disagreement too (still one dispute)
+    eada.import_labels(proj, [{"sample_id": sid, "skip": "blurred"}], annotator="bob")
+    assert [d["sample_id"] for d in proj.status()["disputes"]] == [sid]
     out = eada.import_labels(proj, [{"sample_id": sid, "label": a}], annotator="bob", force=True)
     assert out["corrections"] == 1 and out["replaced_other_annotators"] == 1
     # newest-wins, documented in the store section

@@ -578,7 +578,7 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="let a label replace ANOTHER annotator's label (refused and named otherwise)",
+        help="let a label replace ANOTHER annotator's label (else a dispute: eada status)",
     )
     p.set_defaults(func=_cmd_label_import)
 
@@ -640,7 +640,7 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="let an annotation replace ANOTHER annotator's label (refused and named otherwise)",
+        help="let an annotation replace ANOTHER annotator's label (else a dispute: eada status)",
     )
     p.set_defaults(func=_cmd_ls_pull)
 

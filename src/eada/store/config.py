@@ -99,8 +99,8 @@ class StoreOptions(BaseModel):
             error; a derived one that would be is not written: set this key).
         conflicts: what settles a sample whose annotators disagree (:mod:`eada.store.agreement`):
             ``refuse`` (default: nobody wins; the sample is disputed and listed until the
-            annotators agree; a label FILE that would replace another annotator's label in
-            force is refused whole, exit 2, unless ``--force``), ``newest-wins``, ``majority``
+            annotators agree, the policy changes or a reviewer answers; a label in force stays
+            in force while disputed), ``newest-wins``, ``majority``
             (ties: ``conflict_tie``) or ``reviewer`` (the answer of ``reviewer`` wins).
             Every answer is kept (``votes``) whatever wins.
         conflict_tie: a ``majority`` tie: ``dispute`` (stays disputed), ``newest-wins`` or

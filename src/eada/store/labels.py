@@ -35,25 +35,6 @@ class ImportValidationError(ValueError):
         super().__init__(f"{source}: {len(problems)} problem(s), nothing was imported:\n{text}")
 
 
-class LabelConflictError(ValueError):
-    """Labels that would replace another annotator's label without ``force``; nothing was
-    written. ``conflicts`` names each sample, both annotators and both answers."""
-
-    def __init__(self, source: str, conflicts: list[str]) -> None:
-        self.conflicts = conflicts
-        shown = conflicts[:MAX_ERRORS_SHOWN]
-        more = len(conflicts) - len(shown)
-        text = "\n".join(f"  - {p}" for p in shown) + (f"\n  ... and {more} more" if more else "")
-        super().__init__(
-            f"{source}: {len(conflicts)} label(s) would replace another annotator's label, "
-            f"nothing was imported:\n{text}\n"
-            "pass --force (Python: force=True) to replace them, or let a policy settle such "
-            "disagreements: `eada config set store.conflicts=majority` (or newest-wins, or "
-            "reviewer with store.reviewer=NAME); under majority or reviewer an unsettled one "
-            "is a dispute, listed by `eada status`, not a refused import"
-        )
-
-
 def _answer(it: LabelItem, present: bool = False) -> str:
     """``labels it 'bag'`` / ``skips it ('blurred')`` for messages."""
     if it.skip is not None:
@@ -147,9 +128,10 @@ class ProjectLabels(ProjectCheckpoints):
         """Import a CSV/JSON/Label Studio label file: everything is validated first, then
         written in one transaction. A label differing from the one in force is a correction
         (a new row superseding the old); an identical one changes nothing; a ``skip`` marks
-        the sample unusable (a later label undoes it). A correction of ANOTHER annotator's
-        label raises :class:`LabelConflictError` unless ``force`` (or ``store.conflicts:
-        newest-wins``)."""
+        the sample unusable (a later label undoes it). An answer contradicting ANOTHER
+        annotator's label in force is settled by ``store.conflicts`` (under ``refuse``, the
+        default, it opens a dispute and that label stays in force; the rest is imported)
+        unless ``force`` (the newest answer wins)."""
         self.store.check_writable()
         if self.store.get_meta("mode") == "simulated":
             self._set_mode("human")  # raises: a simulated run takes no human labels
@@ -215,16 +197,14 @@ class ProjectLabels(ProjectCheckpoints):
         source: str,
         allow_unqueried: bool,
         force: bool = False,
-        refuse_replacing: bool = True,
     ) -> dict[str, Any]:
         """Validate ``items`` (every problem listed, nothing written), then in one transaction
         record each annotator's answer as a vote and settle each sample by the project's
         ``store.conflicts`` policy (:func:`eada.store.agreement.decide`): the winner becomes
         the label in force; a sample nobody wins is disputed (listed in the result's
-        ``disputes``) and keeps what it had. ``refuse_replacing`` (file and record imports):
-        under ``refuse`` a label in force that another annotator's answer contradicts refuses
-        the whole import (:class:`LabelConflictError`); a Label Studio pull records a dispute
-        instead. ``force``: the newest answer wins (this import's)."""
+        ``disputes``) and keeps what it had (an answer that contradicts another annotator's
+        label in force opens a dispute; the rest of the import is written). ``force``: the
+        newest answer wins (this import's)."""
         check_annotator(annotator)
         problems: list[str] = []
         conn = self.store.conn
@@ -347,7 +327,6 @@ class ProjectLabels(ProjectCheckpoints):
             current = {r["sample_id"]: r for r in self.store.answers()}
             prior = latest_votes(c, touched)
             changes = []
-            conflicts = []
             new_votes: list[tuple[int, str, LabelItem, int | None]] = []
             opened: list[int] = []
             settled: dict[int, str] = {}
@@ -374,24 +353,8 @@ class ProjectLabels(ProjectCheckpoints):
                 winner, how_ = decide(
                     list(votes.values()), policy, opts.conflict_tie, opts.reviewer
                 )
-                if winner is None:
-                    contradicted = [
-                        (who, it)
-                        for who, (it, k) in incoming.items()
-                        if old is not None
-                        and old["class_id"] is not None
-                        and who != old["annotator"]
-                        and (k, it.skip) != (old["class_id"], old["skip_reason"])
-                    ]
-                    if refuse_replacing and policy == "refuse" and contradicted:
-                        assert old is not None
-                        for who, it in contradicted:
-                            conflicts.append(
-                                f"{it.where}: sample {sid}{_where(conn, sid)} is labeled "
-                                f"{old['class_name']!r} by {old['annotator']}; {who} "
-                                f"{_answer(it, present=True)}"
-                            )
-                    elif sid not in open_ids:
+                if winner is None:  # a dispute: the answer in force (if any) stays
+                    if sid not in open_ids:
                         opened.append(sid)
                     continue
                 if sid in open_ids or how_ != "agreed":
@@ -420,8 +383,6 @@ class ProjectLabels(ProjectCheckpoints):
                 else:
                     n_fix += 1
                 changes.append((sid, winner, old, it_w))
-            if conflicts:
-                raise LabelConflictError(source_name, conflicts)
             import_id = None
             if changes or new_votes or opened or settled:
                 # a file that changes nothing (re-imported, header only) leaves no trace

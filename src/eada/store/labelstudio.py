@@ -546,5 +546,4 @@ def pull(project: Any, force: bool = False, token: str | None = None) -> dict[st
         "human",
         False,
         force,
-        refuse_replacing=False,
     )
