@@ -33,7 +33,8 @@ On the GPU machine (``python benchmarks/gpu_check.py [--budget-s 560]``) it
    what is left of ``--budget-s`` (540 s);
 
 then prints one table, writes ``benchmarks/results/gpu_check_<card>_<date>.json`` and
-``benchmarks/results/gpu_check_<card>_<date>.md`` (a section to append to BENCHMARKS.md).
+``benchmarks/results/gpu_check_<card>_<date>.md`` (a section to append to
+``docs/results/finetune-pipeline.md``; its headline, card and date, to BENCHMARKS.md).
 ``--device cpu --quick`` (or ``--dry-run``) runs every step tiny on the CPU, without tests,
 installs or data links (tests/test_gpu_check.py runs it).
 """
