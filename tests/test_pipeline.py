@@ -333,11 +333,12 @@ def test_train_compile_wraps_the_step_forward(monkeypatch: pytest.MonkeyPatch) -
     assert set(tr.train_step()) >= {"loss", "delta"}
 
 
-def test_a_complete_decode_cache_spares_the_data_check_its_decoding(
+def test_each_image_is_decoded_once_the_check_fills_the_cache(
     tmp_path: Path, factory_module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """First task load: the data check decodes every image, the cache fill once more; a
-    second load (another seed, run, method) decodes none: the cache vouches for them."""
+    """First task load: each image decoded once (the data check fills the cache); a second
+    load (another seed, run, method) decodes none: the cache vouches for them; a changed
+    file changes the key and is checked again."""
     from eada.data import images as images_mod
 
     src, tgt = _make_domain(tmp_path, "s", n=3), _make_domain(tmp_path, "t", n=3, shift=20)
@@ -351,7 +352,7 @@ def test_a_complete_decode_cache_spares_the_data_check_its_decoding(
 
     monkeypatch.setattr(images_mod, "open_image", counted)
     load_task(cfg.data, 0, cfg.model)
-    assert loads["n"] == 2 * 12  # 12 images: the check, then the fill
+    assert loads["n"] == 12  # 12 images, each decoded once: the check IS the fill
     loads["n"] = 0
     task = load_task(cfg.data, 1, cfg.model)
     assert loads["n"] == 0 and task.target.decode_cache is not None

@@ -195,10 +195,15 @@ def fill_cache(
     folder: Path,
     threads: int = 1,
     progress: Callable[[str], None] | None = None,
-) -> DecodeCache:
+    bad: dict[Path, str] | None = None,
+) -> DecodeCache | None:
     """The cache of ``plan`` in ``folder``: read when complete there, else every image decoded
     once (``threads`` threads: PIL releases the GIL while it decodes and resizes), written
     under a temporary name and renamed when complete.
+
+    ``bad``: the data check's mode: a missing or undecodable image is recorded there (path ->
+    the reason :func:`eada.data.images.find_bad_images` gives) instead of raising, every image
+    is still tried, and with any recorded the file is not kept (``None`` returned).
 
     Raises:
         eada.data.images.ImageDataError: an image that no longer decodes, naming it.
@@ -218,6 +223,9 @@ def fill_cache(
     def one(i: int) -> None:
         img, reason = open_image(plan.paths[i])
         if img is None:
+            if bad is not None:
+                bad[plan.paths[i]] = str(reason)
+                return
             raise ImageDataError(f"cannot read image {plan.paths[i]}: {reason}")
         for b in plan.bases:
             arr = np.asarray(base_image(b, plan.spec, img), dtype=np.uint8)
@@ -233,6 +241,9 @@ def fill_cache(
         with ThreadPoolExecutor(max(1, threads), thread_name_prefix="eada-cache") as pool:
             list(pool.map(one, range(len(plan.paths))))
         mm.flush()
+        if bad:  # the check found bad images: no cache of this list
+            tmp.unlink(missing_ok=True)
+            return None
         arrays = {f"{b}_offsets": offsets[b] for b in plan.bases}
         arrays.update({f"{b}_shapes": plan.shapes[b] for b in plan.bases})
         idx_tmp = tmp.with_name(tmp.name + ".npz")
@@ -270,14 +281,8 @@ def decode_caches(
     total = sum(p.nbytes for p in plans)
     parts = ", ".join(f"{p.name} {len(p.paths)} images {mib(p.nbytes)}" for p in plans)
     need = sum(p.nbytes for p in plans if not cache_complete(p, folder))
-    probe = folder if folder.exists() else next((q for q in folder.parents if q.exists()), None)
-    free = shutil.disk_usage(probe).free if probe is not None else 0
-    if total > limit_mb * 2**20 or need > free:
-        why = (
-            f"over data.decode_cache_mb: {limit_mb:,} MiB"
-            if total > limit_mb * 2**20
-            else f"more than the {mib(free)} free in {probe}"
-        )
+    why = not_fitting(total, need, folder, limit_mb)
+    if why is not None:
         if say is not None:
             say(
                 f"decode cache: {mib(total)} ({parts}) would be {why}; decoding every batch "
@@ -287,7 +292,20 @@ def decode_caches(
     if say is not None:
         state = "read from" if need == 0 else f"{mib(need)} to decode into"
         say(f"decode cache: {mib(total)} ({parts}), {state} {folder}")
-    return [fill_cache(p, folder, threads) for p in plans]
+    caches = [fill_cache(p, folder, threads) for p in plans]
+    return [c for c in caches if c is not None]
+
+
+def not_fitting(total: int, need: int, folder: Path, limit_mb: int) -> str | None:
+    """Why caches of ``total`` bytes (``need`` of them still to write) do not fit
+    ``limit_mb`` MiB or the free disk under ``folder``; ``None`` when they fit."""
+    if total > limit_mb * 2**20:
+        return f"over data.decode_cache_mb: {limit_mb:,} MiB"
+    probe = folder if folder.exists() else next((q for q in folder.parents if q.exists()), None)
+    free = shutil.disk_usage(probe).free if probe is not None else 0
+    if need > free:
+        return f"more than the {mib(free)} free in {probe}"
+    return None
 
 
 def gather_crops(

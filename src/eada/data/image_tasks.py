@@ -20,7 +20,15 @@ import torch
 
 from eada.config import FeatureData, ImageListData, ModelConfig
 from eada.data.base import Task, TensorDomain
-from eada.data.decoded import base_of, cache_complete, decode_caches, plan_cache
+from eada.data.decoded import (
+    base_of,
+    cache_complete,
+    decode_caches,
+    fill_cache,
+    mib,
+    not_fitting,
+    plan_cache,
+)
 from eada.data.features import (
     cache_key,
     cached_features,
@@ -163,8 +171,10 @@ def load_image_task(
 ) -> Task:
     """Image domains, or (``model.freeze_backbone``) cached backbone features of them."""
     check = cached_feature_domains(cfg, model, device)
-    vouch = check if check is not None else decode_cache_vouches(cfg, model)
-    lists, skipped = checked_image_lists(cfg, vouch, check.extract if check else None)
+    dc = DecodeCheck.of(cfg, model) if check is None else None  # fine-tuning: the cache checks
+    vouch: Callable[[str, ImageList], bool] | None = check if check is not None else dc
+    extract = check.extract if check is not None else (dc.extract if dc is not None else None)
+    lists, skipped = checked_image_lists(cfg, vouch, extract)
     domains, notes = image_domains(cfg, model, lists, device, check=check)
     notes = {"skipped_images": skipped, **notes}
     return Task(domains["source"], domains["target"], domains.get("heldout"), notes)
@@ -415,25 +425,56 @@ def view_kinds(cfg: ImageListData) -> dict[str, View]:
             "unlabeled": cfg.transforms.unlabeled_view}  # fmt: skip
 
 
-def decode_cache_vouches(
-    cfg: ImageListData, model: ModelConfig | None
-) -> Callable[[str, ImageList], bool] | None:
-    """For fine-tuning with the decode cache on: ``decoded(role, images)``, whether a complete
-    decode cache of those images (same paths, sizes, modification times) exists: every image
-    decoded when it was filled, so the data check need not decode them again."""
-    if (model is not None and model.freeze_backbone) or cfg.decode_cache_mb <= 0:
-        return None
-    spec = transform_spec(cfg)
-    bases = [base_of(k, spec) for k in view_kinds(cfg).values()]
+class DecodeCheck:
+    """Fine-tuning's data check through the decode cache (``data.decode_cache_mb`` on), so
+    each image is decoded ONCE, by the check that fills the cache:
 
-    def decoded(role: str, images: ImageList) -> bool:
+    ``check(role, images)``: whether a complete cache of those images (same paths, sizes,
+    modification times) exists; every image decoded fine when it was filled, so a later run
+    (seed, method) decodes none of them. :meth:`extract` is the decoding check of a domain that
+    has none: it fills the cache (its size stated first) and returns the missing or unreadable
+    images; a domain whose cache would not fit is checked without it.
+    """
+
+    def __init__(self, cfg: ImageListData, say: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.spec = transform_spec(cfg)
+        self.bases = [base_of(k, self.spec) for k in view_kinds(cfg).values()]
+        self.say = say or _say
+        self.filled = 0  # bytes of the caches this check filled
+
+    @classmethod
+    def of(cls, cfg: ImageListData, model: ModelConfig | None) -> DecodeCheck | None:
+        """The check of a fine-tuning config with the cache on, else ``None``."""
+        if (model is not None and model.freeze_backbone) or cfg.decode_cache_mb <= 0:
+            return None
+        return cls(cfg)
+
+    def __call__(self, role: str, images: ImageList) -> bool:
         try:
-            plan = plan_cache(role, images.paths, spec, bases)
+            plan = plan_cache(role, images.paths, self.spec, self.bases)
         except OSError:  # a missing or unreadable header: the check decodes and reports it
             return False
-        return cache_complete(plan, cfg.decode_cache_dir)
+        return cache_complete(plan, self.cfg.decode_cache_dir)
 
-    return decoded
+    def extract(self, role: str, images: ImageList) -> dict[Path, str]:
+        """The missing or unreadable images of ``images``, found by filling its cache."""
+        try:
+            plan = plan_cache(f"{role} {images.name!r}", images.paths, self.spec, self.bases)
+        except OSError:
+            return find_bad_images(images.paths)
+        folder = self.cfg.decode_cache_dir
+        total = self.filled + plan.nbytes
+        if not_fitting(total, plan.nbytes, folder, self.cfg.decode_cache_mb) is not None:
+            return find_bad_images(images.paths)  # the run states why, without a cache
+        self.say(
+            f"decode cache: {plan.name} {len(plan.paths)} images {mib(plan.nbytes)}, decoded "
+            f"once into {folder} by the data check"
+        )
+        bad: dict[Path, str] = {}
+        fill_cache(plan, folder, max(1, self.cfg.workers), bad=bad)
+        self.filled = total if not bad else self.filled
+        return bad
 
 
 def _say(message: str) -> None:
