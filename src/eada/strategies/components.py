@@ -47,7 +47,6 @@ import torch
 from torch import nn
 
 from eada import energy as energy_ops
-from eada.strategies.duc import dirichlet_uncertainties
 
 STRATEGY_COMPONENTS: dict[str, tuple[str, ...]] = {
     "aada": ("domain_discriminator",),
@@ -98,8 +97,8 @@ class TargetAccess:
     """What a component may ask of the target set during a step (LADA's anchor augmentation):
     its size ``n``, the labeled positions ``labeled`` with ``labels`` (oracle labels, indexed by
     target position), whether this step starts an epoch (``new_epoch``), the step's
-    ``batch_size``, and ``embed(positions)``: embeddings of target samples (no gradient, model in
-    eval mode)."""
+    ``batch_size``, ``embed(positions)``: embeddings of target samples (no gradient, model in
+    eval mode), and ``epoch``: the 0-based epoch of the run this step belongs to."""
 
     def __init__(
         self,
@@ -109,9 +108,11 @@ class TargetAccess:
         new_epoch: bool,
         batch_size: int,
         embed: Callable[[torch.Tensor], torch.Tensor],
+        epoch: int = 0,
     ) -> None:
         self.n, self.labeled, self.labels = n, labeled, labels
         self.new_epoch, self.batch_size, self.embed = new_epoch, batch_size, embed
+        self.epoch = epoch
 
 
 class StepBatch:
@@ -146,6 +147,12 @@ class AuxComponent(nn.Module):
 
     name: ClassVar[str] = "component"
     settings: ClassVar[dict[str, float | int]] = {}
+    per_domain_forward: ClassVar[bool] = False
+    """Whether the runner embeds the source, unlabeled and labeled batches in separate forward
+    passes (batch-norm statistics per domain) instead of one concatenated pass."""
+    without_replacement: ClassVar[bool] = False
+    """Whether the runner draws the target batches as shuffled passes over each set (without
+    replacement) instead of uniform draws with replacement."""
 
     @classmethod
     def setting(cls, params: dict[str, Any], key: str) -> Any:
@@ -332,47 +339,31 @@ class WassersteinCritic(AuxComponent):
         return {"critic_score": self.critic(z).double().cpu().numpy()}
 
 
-def evidential_loss(
-    logits: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """DUC's evidential loss on a labeled batch: ``(NLL, KL)``, each a batch mean.
-
-    With ``alpha = exp(logits)``, ``S = sum alpha`` and ``y`` one-hot:
-    ``NLL = log S - log alpha_y`` (the expected-likelihood form, equal to cross-entropy) and
-    ``KL = KL(Dir(alpha~) || Dir(1))`` with ``alpha~ = y + (1 - y) * alpha`` (the target class's
-    evidence removed). The authors' trainer adds ``NLL + KL / C``.
-
-    Example:
-        >>> nll, kl = evidential_loss(torch.zeros(1, 2), torch.tensor([0]))
-        >>> round(float(nll), 4), round(float(kl), 4)  # log 2; alpha~ = (1, 1) is Dir(1)
-        (0.6931, 0.0)
-    """
-    alpha = torch.exp(logits)
-    total = alpha.sum(dim=1)
-    y = nn.functional.one_hot(labels, logits.shape[1]).to(logits.dtype)
-    nll = (y * (total.log()[:, None] - alpha.log())).sum() / len(logits)
-    a = y + (1.0 - y) * alpha
-    a_total = a.sum(dim=1)
-    kl = (
-        torch.lgamma(a_total)
-        - torch.lgamma(torch.tensor(float(logits.shape[1]), dtype=logits.dtype))
-        - torch.lgamma(a).sum(dim=1)
-        + ((a - 1) * (torch.digamma(a) - torch.digamma(a_total)[:, None])).sum(dim=1)
-    ).sum() / len(logits)
-    return nll, kl
+evidential_loss = energy_ops.evidential_loss
+"""DUC's evidential loss ``(NLL, KL)``, in log space: :func:`eada.energy.evidential_loss`."""
 
 
 @register_component
 class Evidential(AuxComponent):
     """DUC's training loss (Xie et al., ICLR 2023) on the energy head, ``logits = -E``:
 
-    ``L = NLL(S) + KL(S) / C + [NLL(T_l) + KL(T_l) / C] + beta * U_dis(T_u) + lambda * U_data(T_u)``
+    ``L = w_s [NLL(S) + KL(S) / C] + [NLL(T_l) + KL(T_l) / C]
+    + beta * U_dis(T_u) + lambda * U_data(T_u)``
 
-    (:func:`evidential_loss`, :func:`eada.strategies.duc.dirichlet_uncertainties`; the
-    unlabeled terms only when ``beta > 0``, as in their ``main.py``). ``beta`` =
-    ``active.params.duc_beta`` (their ``TRAINER.BETA``, 1.0), ``lambda`` =
-    ``active.params.duc_lambda`` (``TRAINER.LAMBDA``, 0.05). Their VisDA run halves the source
-    terms after the first epoch; we do not.
+    (:func:`eada.energy.evidential_loss`, :func:`eada.energy.dirichlet_uncertainties_stable`:
+    the authors' quantities computed in log space, finite for every finite logit where their
+    float32 code gives NaN or a negative KL; the unlabeled terms only when ``beta > 0``, as in
+    their ``main.py``). ``beta`` = ``active.params.duc_beta`` (their ``TRAINER.BETA``, 1.0),
+    ``lambda`` = ``active.params.duc_lambda`` (``TRAINER.LAMBDA``, 0.05), ``w_s`` =
+    ``active.params.duc_source_weight`` from the second epoch on (1.0; their VisDA-2017 run
+    halves the source terms after epoch 1, ``main.py:148-150``: 0.5 in
+    ``configs/duc_visda2017.yaml``).
+
+    As their ``main.py``, the runner (:mod:`eada.train.aux`) embeds the source, unlabeled and
+    labeled batches in separate forward passes (:attr:`per_domain_forward`: batch-norm
+    statistics per domain) and draws the target batches without replacement
+    (:attr:`without_replacement`: a shuffled pass over the set, the unlabeled one dropping its
+    last incomplete batch, as their loaders).
 
     Example:
         >>> torch.manual_seed(0) and None
@@ -385,27 +376,39 @@ class Evidential(AuxComponent):
     """
 
     name = "evidential"
-    settings: ClassVar[dict[str, float | int]] = {"duc_beta": 1.0, "duc_lambda": 0.05}
+    settings: ClassVar[dict[str, float | int]] = {
+        "duc_beta": 1.0,
+        "duc_lambda": 0.05,
+        "duc_source_weight": 1.0,
+    }
+    per_domain_forward = True
+    without_replacement = True
 
-    def __init__(self, beta: float, lam: float) -> None:
+    def __init__(self, beta: float, lam: float, source_weight: float = 1.0) -> None:
         super().__init__()
-        self.beta, self.lam = beta, lam
+        self.beta, self.lam, self.source_weight = beta, lam, source_weight
 
     @classmethod
     def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
         """See :meth:`AuxComponent.from_params`."""
-        return cls(float(cls.setting(params, "duc_beta")), float(cls.setting(params, "duc_lambda")))
+        return cls(
+            float(cls.setting(params, "duc_beta")),
+            float(cls.setting(params, "duc_lambda")),
+            float(cls.setting(params, "duc_source_weight")),
+        )
 
     def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
         logits_s = -batch.head(batch.zs)
         c = logits_s.shape[1]
         nll, kl = evidential_loss(logits_s, batch.ys)
-        total, logs = nll + kl / c, {"duc_nll": float(nll.detach()), "duc_kl": float(kl.detach())}
+        w_s = self.source_weight if batch.access is not None and batch.access.epoch > 0 else 1.0
+        total = w_s * (nll + kl / c)
+        logs = {"duc_nll": float(nll.detach()), "duc_kl": float(kl.detach())}
         if len(batch.zl):
             nll_t, kl_t = evidential_loss(-batch.head(batch.zl), batch.yl)
             total = total + nll_t + kl_t / c
         if self.beta > 0 and len(batch.zu):
-            u_dis, u_data = dirichlet_uncertainties(-batch.head(batch.zu))
+            u_dis, u_data = energy_ops.dirichlet_uncertainties_stable(-batch.head(batch.zu))
             total = total + self.beta * u_dis.mean() + self.lam * u_data.mean()
             logs["duc_u_dis"] = float(u_dis.mean().detach())
             logs["duc_u_data"] = float(u_data.mean().detach())
