@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
 
+from eada import distributed as dist_ops
 from eada import energy as energy_ops
 from eada.data.batches import chunks, iterate_inputs
 from eada.data.tasks import Domain
 from eada.models.base import EnergyNet
 from eada.strategies import PoolOutputs
+from eada.train.base import TrainerBase
 
 
 @torch.no_grad()
@@ -128,3 +132,31 @@ def embed_samples(
     if zs:
         return torch.cat(zs).numpy()
     return np.empty((0, model.head.in_features), dtype=np.float32)
+
+
+class EvaluationMixin(TrainerBase):
+    """Evaluation of the trainer's model (a part of :class:`~eada.train.loop.ActiveDATrainer`)."""
+
+    def _predict(self, domain: Domain) -> torch.Tensor:
+        """Energies of a whole domain (test view); sharded and gathered when distributed."""
+        bs = self.cfg.train.eval_batch_size
+        if self.world == 1:
+            return predict_energies(self.model, domain, None, bs, self.device)
+        dist_ops.sync_buffers(self.model)  # same batch-norm statistics on every rank
+        part = torch.arange(len(domain))[dist_ops.shard(len(domain), self.rank, self.world)]
+        local = predict_energies(self.model, domain, part, bs, self.device)
+        return torch.from_numpy(dist_ops.gather_rows(local.numpy(), len(domain)))
+
+    def evaluate(self) -> dict[str, Any]:
+        """Metrics on the whole target (transductive, as the paper), on the target samples not
+        labeled so far (``target_unlabeled``; at the end: never labeled) and on the held-out
+        split."""
+        target = self.task.target
+        e = self._predict(target)  # one pass, reused below
+        out: dict[str, Any] = {"target": domain_metrics(e, target.y, target.num_classes)}
+        if (held := self.task.heldout) is not None:
+            out["heldout"] = domain_metrics(self._predict(held), held.y, held.num_classes)
+        unl = torch.nonzero(~self.labeled_mask).squeeze(1)
+        if len(unl) > 0:
+            out["target_unlabeled"] = accuracy_metrics(e[unl], target.y[unl], target.num_classes)
+        return out
