@@ -502,6 +502,49 @@ def test_duc_trains_its_evidential_loss_also_between_rounds() -> None:
     assert step["loss"] > 0 and "duc_kl" in step
 
 
+def test_duc_in_the_trainer_uses_the_authors_stage1_and_per_domain_passes() -> None:
+    """The trainer hands DUC the round's share (stage 1 = ceil(N_T * r * kappa)); DUC's runner
+    embeds the source, unlabeled and labeled batches in separate forward passes (batch-norm
+    statistics per domain) and draws its target batches without replacement."""
+    from eada.data.tasks import load_task
+    from eada.hparams import preset_config
+    from eada.train import ActiveDATrainer
+
+    cfg = preset_config("toy", "duc", 0, ["train.epochs=2", "active.rounds_at=[1]"])
+    tr = ActiveDATrainer(cfg, load_task(cfg.data))
+    n_t = len(tr.task.target)
+    share = cfg.active.budget_per_round
+    assert isinstance(share, float)
+    rec = tr.select_round(1, 1, math.ceil(n_t * share))
+    assert rec["selection_info"]["stage1"] == math.ceil(n_t * share * 10)
+    prop = tr.last_proposal
+    assert tr.aux is not None and tr.aux.per_domain and tr.aux.without_replacement
+    seen: list[int] = []
+    calls: list[int] = []
+    embed = tr.model.embed
+
+    def counting(x: torch.Tensor) -> torch.Tensor:
+        calls.append(len(x))
+        return embed(x)
+
+    tr.model.embed = counting  # type: ignore[method-assign]
+    orig = tr.aux._draw
+
+    def record(idx: torch.Tensor, which: str) -> torch.Tensor:
+        out = orig(idx, which)
+        if which == "unlabeled":
+            seen.extend(out.tolist())
+        return out
+
+    tr.aux._draw = record  # type: ignore[method-assign]
+    steps = (n_t - len(prop.chosen)) // cfg.train.batch_size
+    for _ in range(steps):
+        calls.clear()
+        tr.aux.loss(tr, *tr.source_stream.next())
+        assert len(calls) == 3  # source, unlabeled, labeled: one pass each
+    assert len(seen) == len(set(seen))  # one pass over the unlabeled set: no repeats
+
+
 # ---------------------------------------------------------------- RAA / LAA
 
 
