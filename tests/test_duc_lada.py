@@ -482,10 +482,36 @@ def test_duc_configs_follow_the_authors_protocol() -> None:
         header = " ".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
         assert "DUC authors' protocol" in header and "not yet run to completion here" in header
         assert cfg.active.strategy == "duc" and cfg.active.rounds_at == [10, 12, 14, 16, 18]
-        assert cfg.active.params == METHODS["duc"]["active"]["params"]
+        visda = "visda" in path.name
+        extra = {"duc_source_weight": 0.5} if visda else {}  # their main.py:148-150
+        assert cfg.active.params == {**METHODS["duc"]["active"]["params"], **extra}
         assert (cfg.train.gamma, cfg.train.delta_s, cfg.train.delta_t) == (0.0, 0.0, 0.0)
         assert cfg.optim.name == "sgd" and cfg.optim.weight_decay == 1e-3
-        assert cfg.optim.lr == (0.001 if "visda" in path.name else 0.004)
+        assert cfg.optim.lr == (0.001 if visda else 0.004)
+        assert cfg.optim.nesterov and cfg.optim.schedule == "inv"
+        assert (cfg.optim.schedule_gamma, cfg.optim.schedule_power) == (0.001, 0.75)
+        assert cfg.data.transforms.train_crop == ("center" if visda else "random_resized")
+
+
+def test_inv_schedule_and_nesterov_in_the_trainer() -> None:
+    """optim.schedule inv: step i trains at lr (1 + 0.001 i)^-0.75 in every group (their
+    LrScheduler), counted in the optimiser state; optim.nesterov needs SGD with momentum."""
+    from eada.data.tasks import load_task
+    from eada.hparams import preset_config
+    from eada.train import ActiveDATrainer
+
+    sets = ["train.epochs=1", "active.rounds_at=[]", "optim.name=sgd", "optim.lr=0.01"]
+    cfg = preset_config("toy", "duc", 0, [*sets, "optim.nesterov=true", "optim.schedule=inv"])
+    tr = ActiveDATrainer(cfg, load_task(cfg.data))
+    assert tr.optimizer.param_groups[0]["nesterov"] is True
+    lrs = []
+    for _ in range(4):
+        tr.train_step()
+        lrs.append(tr.optimizer.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.01 * (1 + 0.001 * i) ** -0.75 for i in range(4)], rel=1e-12)
+    assert tr.optimizer.state_dict()["param_groups"][0]["schedule_step"] == 4
+    with pytest.raises(ConfigError, match="nesterov"):
+        preset_config("toy", "duc", 0, ["optim.nesterov=true"])  # Adadelta
 
 
 def test_duc_trains_its_evidential_loss_also_between_rounds() -> None:

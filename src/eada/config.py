@@ -118,6 +118,9 @@ class ImageTransforms(_Strict):
     test_resize: int = Field(288, ge=8)
     jitter: tuple[float, float, float, float] | None = (0.4, 0.4, 0.4, 0.1)
     hflip: bool = False
+    # the train view's crop after resizing to resize x resize: random (default), center (DUC's
+    # VisDA-2017 runs), random_resized (torchvision's RandomResizedCrop: DUC's Office-Home)
+    train_crop: Literal["random", "center", "random_resized"] = "random"
     scoring_view: Literal["random_crop", "test"] = "random_crop"
     # the unlabeled-target training stream: ``train`` (the train view above) or ``random_crop``
     # (shorter side to ``resize``, random crop, no jitter: the authors' code; paper configs)
@@ -208,13 +211,33 @@ class ModelConfig(_Strict):
 
 
 class OptimConfig(_Strict):
-    """Optimiser. ``backbone_lr_mult`` scales the learning rate of ``model.backbone``."""
+    """Optimiser. ``backbone_lr_mult`` scales the learning rate of ``model.backbone``.
+
+    ``nesterov``: Nesterov momentum (SGD with ``momentum > 0`` only; DUC's authors use it).
+    ``schedule``: ``constant`` (default) or ``inv``, the learning rate of step ``i`` (0-based,
+    counted over the whole run) ``lr (1 + schedule_gamma i) ^ -schedule_power`` in every
+    parameter group (Caffe's ``inv`` policy: DUC's ``LrScheduler``, gamma 0.001, power 0.75,
+    ``core/utils/utils.py``; also DANN's and CDAN's schedule).
+    """
 
     name: Literal["sgd", "adam", "adadelta"] = "adadelta"
     lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     backbone_lr_mult: float = Field(1.0, gt=0)
+    nesterov: bool = False
+    schedule: Literal["constant", "inv"] = "constant"
+    schedule_gamma: float = Field(0.001, gt=0)
+    schedule_power: float = Field(0.75, gt=0)
+
+    @model_validator(mode="after")
+    def _nesterov_needs_sgd_momentum(self) -> OptimConfig:
+        if self.nesterov and (self.name != "sgd" or self.momentum <= 0):
+            raise ValueError(
+                f"optim.nesterov needs optim.name sgd with momentum > 0 (got {self.name}, "
+                f"momentum {self.momentum})"
+            )
+        return self
 
 
 class TrainConfig(_Strict):

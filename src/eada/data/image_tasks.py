@@ -49,7 +49,9 @@ from eada.runs import write_json
 def transform_spec(cfg: ImageListData) -> TransformSpec:
     """The :class:`TransformSpec` of a data config."""
     t = cfg.transforms
-    return TransformSpec(t.resize, t.crop, t.test_resize, t.jitter, t.hflip, t.scoring_view)
+    return TransformSpec(
+        t.resize, t.crop, t.test_resize, t.jitter, t.hflip, t.scoring_view, t.train_crop
+    )
 
 
 def backbone_normalization(model: ModelConfig, name: str) -> Normalization:

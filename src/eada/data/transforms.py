@@ -52,6 +52,7 @@ class TransformSpec:
     jitter: tuple[float, float, float, float] | None = (0.4, 0.4, 0.4, 0.1)
     hflip: bool = False
     scoring_view: Literal["random_crop", "test"] = "random_crop"
+    train_crop: Literal["random", "center", "random_resized"] = "random"
 
     def __post_init__(self) -> None:
         if self.crop > self.resize:
@@ -75,7 +76,12 @@ def build_transform(
 
     tail = [T.ToTensor(), T.Normalize(norm.mean, norm.std)]
     if view == "train":
-        ops: list[Any] = [T.Resize((spec.resize, spec.resize)), T.RandomCrop(spec.crop)]
+        crop = {
+            "random": T.RandomCrop,
+            "center": T.CenterCrop,
+            "random_resized": T.RandomResizedCrop,
+        }[spec.train_crop](spec.crop)
+        ops: list[Any] = [T.Resize((spec.resize, spec.resize)), crop]
         if spec.hflip:
             ops.append(T.RandomHorizontalFlip())
         if spec.jitter is not None:

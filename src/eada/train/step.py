@@ -43,13 +43,47 @@ def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer
         )
         if g["params"]
     ]
+    if cfg.schedule != "constant":
+        for g in groups:  # kept in the optimiser's state (checkpoints): lr_0 and the step
+            g["initial_lr"], g["schedule_step"] = g["lr"], 0
     if cfg.name == "sgd":
         return torch.optim.SGD(
-            groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            groups,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            nesterov=cfg.nesterov,
         )
     if cfg.name == "adam":
         return torch.optim.Adam(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.Adadelta(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def apply_lr_schedule(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> None:
+    """Set every parameter group's learning rate for the coming step by ``cfg.schedule``
+    (:class:`~eada.config.OptimConfig`) and count the step; nothing for ``constant``.
+
+    ``inv``: ``lr_i = lr_0 (1 + gamma i) ^ -power``, ``i`` the group's ``schedule_step`` (0 for
+    the first step, kept in the optimiser's state, so a resumed run goes on where it stopped).
+
+    Example:
+        >>> from eada.config import OptimConfig
+        >>> cfg = OptimConfig(name="sgd", lr=0.01, schedule="inv")
+        >>> opt = build_optimizer(cfg, nn.Linear(2, 2))
+        >>> lrs = []
+        >>> for _ in range(3):
+        ...     apply_lr_schedule(opt, cfg)
+        ...     lrs.append(round(opt.param_groups[0]["lr"], 8))
+        >>> lrs  # 0.01 (1 + 0.001 i) ^ -0.75
+        [0.01, 0.00999251, 0.00998503]
+    """
+    if cfg.schedule == "constant":
+        return
+    for g in optimizer.param_groups:
+        i = int(g.get("schedule_step", 0))
+        base = float(g.setdefault("initial_lr", g["lr"]))
+        g["lr"] = base * (1.0 + cfg.schedule_gamma * i) ** (-cfg.schedule_power)
+        g["schedule_step"] = i + 1
 
 
 def record_alignment_runaway(
@@ -183,6 +217,7 @@ class StepMixin(TrainerBase):
         if self.aux is not None:
             self.aux.zero_grad()
         loss.backward()  # DDP averages the model's gradients over the ranks here
+        apply_lr_schedule(self.optimizer, self.cfg.optim)
         self.optimizer.step()
         if self.aux is not None:
             if self.world > 1:
