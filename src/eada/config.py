@@ -40,12 +40,12 @@ class RoundSchedule:
         return self.strategy != "none" and bool(self.rounds_at)
 
 
-def check_rounds(v: list[int], unit: str, lower: str) -> list[int]:
-    """Validate a round schedule: strictly increasing ``unit`` counts, the first >= 1
+def check_rounds(v: list[int], unit: str, lower: str, first: int = 1) -> list[int]:
+    """Validate a round schedule: strictly increasing ``unit`` counts, the first >= ``first``
     (``lower`` names that bound in the error)."""
     if sorted(set(v)) != v:
         raise ValueError(f"rounds_at must be strictly increasing {unit}, got {v}")
-    if v and v[0] < 1:
+    if v and v[0] < first:
         raise ValueError(f"rounds_at are {lower}, got {v}")
     return v
 
@@ -308,6 +308,12 @@ class TrainConfig(_Strict):
     # confidence above chance, 0..1) or zero (w = 0: EADA w/o L_fea on EADA's own batches, the
     # paired ablation eada_no_fea); BENCHMARKS.md "Two-class tasks"
     fea_gate: Literal["none", "dann", "labels", "confidence", "zero"] = "labels"
+    # steps an epoch: max(#source, #unlabeled-target batches) (default, EADA's and DUC's code),
+    # #source batches (LADA's ft, RAA, LAA solvers) or min(...) (LADA's MME: a zip of the two)
+    epoch_length: Literal["max", "source", "min"] = "max"
+    # epochs of source-only NLL training before the schedule (LADA's source stage,
+    # TRAINER.MAX_SOURCE_EPOCHS: 1 in their VisDA-2017 config), with an optimiser of its own
+    source_epochs: int = Field(0, ge=0)
 
 
 class ActiveConfig(_Strict, RoundSchedule):
@@ -316,12 +322,20 @@ class ActiveConfig(_Strict, RoundSchedule):
     ``budget_per_round``: an ``int`` is a count; a ``float`` in ``(0, 1]`` a share of the WHOLE
     target set. ``strategy: none`` (or empty ``rounds_at``) trains without target labels.
     ``selection_rule``: ``paper`` or ``reference`` (see :mod:`eada.strategies.eada`).
+    ``rounds_at``: 0 selects before the first epoch (after ``train.source_epochs``: LADA's
+    VisDA-2017 runs query at their epoch 0 after one source epoch).
+
+    ``budget_total`` (set, it replaces ``budget_per_round``): LADA's budget rule
+    (``active/budget.py``): the whole budget, a count or a share of the target set rounded
+    half to even (``np.round(N x share)``), ``total // R`` labels each of the ``R`` rounds and
+    the remainder in the last (Office-Home Art at 5%: 121 = 24 x 4 + 25).
     """
 
     strategy: str = "eada"
     # five rounds, each followed by training (train.epochs defaults to 10)
     rounds_at: list[int] = Field(default_factory=lambda: [1, 3, 5, 7, 9])
     budget_per_round: int | float = 0.01
+    budget_total: int | float | None = None
     alpha1: float = Field(0.5, gt=0, le=1)
     selection_rule: Literal["paper", "reference"] = "paper"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -335,16 +349,18 @@ class ActiveConfig(_Strict, RoundSchedule):
             )
         return v
 
-    @field_validator("budget_per_round", mode="before")
+    @field_validator("budget_per_round", "budget_total", mode="before")
     @classmethod
     def _budget_not_bool(cls, v: Any) -> Any:
         if isinstance(v, bool):
             raise ValueError("budget_per_round must be an int count or a float share, not a bool")
         return v
 
-    @field_validator("budget_per_round")
+    @field_validator("budget_per_round", "budget_total")
     @classmethod
-    def _budget(cls, v: int | float) -> int | float:
+    def _budget(cls, v: int | float | None) -> int | float | None:
+        if v is None:
+            return v
         if isinstance(v, int) and v < 1:
             raise ValueError(f"a budget count must be >= 1, got {v}")
         if isinstance(v, float) and not 0.0 < v <= 1.0:
@@ -354,7 +370,7 @@ class ActiveConfig(_Strict, RoundSchedule):
     @field_validator("rounds_at")
     @classmethod
     def _rounds(cls, v: list[int]) -> list[int]:
-        return check_rounds(v, "epochs", "1-based epochs")
+        return check_rounds(v, "epochs", "epochs >= 0 (0: before the first epoch)", first=0)
 
     @model_validator(mode="after")
     def _known_params(self) -> ActiveConfig:

@@ -802,3 +802,114 @@ def dirichlet_uncertainties_stable(logits: torch.Tensor) -> tuple[torch.Tensor, 
     entropy = -(p * torch.log(p + 1e-7)).sum(dim=1)
     data = (p * (_digamma_of_log(log_total, True) - _digamma_of_log(x, True))).sum(dim=1)
     return entropy - data, data
+
+
+# -- semi-supervised solvers of LADA's code: MCC and CDAC (issue 32) ----------------------------
+def min_class_confusion(
+    energies: torch.Tensor, temperature: float = 2.5, eps: float = 1e-5
+) -> torch.Tensor:
+    """MCC's minimum class confusion loss on an unlabeled batch (Jin et al., ECCV 2020).
+
+    With ``Y = softmax(-E / T)`` (``B x C``), the per-sample entropy ``H_i = -sum_j Y_ij
+    log(Y_ij + eps)`` and the weights ``W_ii = B (1 + exp(-H_i)) / sum_k (1 + exp(-H_k))``
+    (no gradient through ``W``):
+
+    ``C = Y^T W Y`` (the class confusion, ``C x C``), ``C~_jk = C_jk / sum_l C_jl`` (each
+    class's row normalised), ``L = (1 / C) sum_j sum_{k != j} C~_jk``.
+
+    ``T`` = 2.5 in the MCC paper; LADA's ``solver/MCCsolver.py`` divides by ``MODEL.TEMP``
+    (0.05). Their code divides column ``k`` by ``sum_l C_kl``; ``C`` is symmetric, so the value
+    is the same. ``eps`` = 1e-5 inside the entropy's log, as their code.
+
+    Example:
+        >>> e = torch.tensor([[0.0, 5.0], [5.0, 0.0], [0.0, 5.0], [5.0, 0.0]])
+        >>> round(float(min_class_confusion(e, temperature=1.0)), 4)  # confident: little
+        0.0133
+        >>> round(float(min_class_confusion(torch.zeros(4, 2))), 4)  # uniform: (2 - 1) / 2
+        0.5
+    """
+    y = torch.softmax(-energies / temperature, dim=1)
+    h = -(y * torch.log(y + eps)).sum(dim=1).detach()
+    w = 1.0 + torch.exp(-h)
+    w = len(y) * w / w.sum()
+    conf = (y * w[:, None]).T @ y
+    conf = conf / conf.sum(dim=1, keepdim=True)
+    c = energies.shape[1]
+    return (conf.sum() - torch.trace(conf)) / c
+
+
+def rank_pair_similarity(features: torch.Tensor, topk: int = 5) -> torch.Tensor:
+    """CDAC's pairwise pseudo-similarity (Li et al., CVPR 2021; rank statistics of Han et al.):
+    ``s_ij = 1`` when the sets of the ``topk`` largest feature dimensions of samples ``i`` and
+    ``j`` are equal, else 0; ``(B, B)``, no gradient.
+
+    Example:
+        >>> f = torch.tensor([[3.0, 2.0, 0.0], [2.0, 3.0, 1.0], [0.0, 1.0, 5.0]])
+        >>> rank_pair_similarity(f, topk=2).tolist()
+        [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    """
+    top = torch.topk(features.detach(), k=topk, dim=1).indices.sort(dim=1).values
+    return (top[:, None, :] == top[None, :, :]).all(dim=2).to(features.dtype)
+
+
+def cdac_losses(
+    energies: torch.Tensor,
+    energies_bar: torch.Tensor,
+    energies_bar2: torch.Tensor,
+    features: torch.Tensor,
+    *,
+    threshold: float = 0.95,
+    topk: int = 5,
+    consistency_weight: float = 30.0,
+    eps: float = 1e-7,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CDAC's three unlabeled-target losses (Li et al., CVPR 2021; LADA's
+    ``solver/CDACsolver.py``), for three views of one unlabeled batch: ``x``, ``x_bar``,
+    ``x_bar2`` (two RandAugment views), ``p = softmax(-E)`` of each:
+
+    * adversarial adaptive clustering: ``s = rank_pair_similarity(features of x)``,
+      ``P_ij = <p_i, p_bar_j>``, ``L_aac = -mean_ij BCE(P_ij, s_ij)`` with
+      ``BCE = -(s log(P + eps) + (1 - s) log(1 - P + eps))``, the minus sign because the
+      caller feeds the head through a gradient reversal (the head maximises the clustering
+      loss, the features minimise it: the adversarial part);
+    * pseudo-labels: ``L_pl = mean_i [max p_i >= threshold] CE(-E_bar2_i, argmax p_i)``
+      (``p`` detached);
+    * consistency: ``L_con = w * mean((p_bar - p_bar2)^2)`` (``w`` = 30 x the ramp-up in
+      their solver, :func:`sigmoid_rampup`).
+
+    Returns:
+        ``(L_aac, L_pl, L_con)``.
+
+    Example:
+        >>> e = torch.tensor([[0.0, 4.0], [4.0, 0.0]])
+        >>> aac, pl, con = cdac_losses(e, e, e, -e, topk=1, consistency_weight=1.0)
+        >>> round(float(aac), 4), round(float(pl), 4), float(con)  # confident, two clusters
+        (-0.036, 0.0181, 0.0)
+    """
+    p = torch.softmax(-energies, dim=1)
+    p_bar = torch.softmax(-energies_bar, dim=1)
+    s = rank_pair_similarity(features, topk)
+    pair = p @ p_bar.T  # P_ij = <p_i, p_bar_j>
+    bce = -(s * torch.log(pair + eps) + (1.0 - s) * torch.log(1.0 - pair + eps))
+    aac = -bce.mean()
+    conf, pseudo = p.detach().max(dim=1)
+    mask = (conf >= threshold).to(energies.dtype)
+    ce = torch.nn.functional.cross_entropy(-energies_bar2, pseudo, reduction="none")
+    pl = (ce * mask).mean()
+    p_bar2 = torch.softmax(-energies_bar2, dim=1)
+    con = consistency_weight * torch.nn.functional.mse_loss(p_bar, p_bar2)
+    return aac, pl, con
+
+
+def sigmoid_rampup(step: float, length: float) -> float:
+    """``exp(-5 (1 - min(step, length) / length)^2)`` (Laine & Aila's ramp-up; CDAC's
+    consistency weight uses length 20,000 steps); 1 for ``length = 0``.
+
+    Example:
+        >>> sigmoid_rampup(0, 100), sigmoid_rampup(100, 100)
+        (0.006737946999085467, 1.0)
+    """
+    if length <= 0:
+        return 1.0
+    phase = 1.0 - min(max(step, 0.0), length) / length
+    return float(math.exp(-5.0 * phase * phase))

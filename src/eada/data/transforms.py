@@ -39,7 +39,7 @@ __all__ = [
     "transform_key",
 ]
 
-View = Literal["train", "test", "score", "random_crop"]
+View = Literal["train", "test", "score", "random_crop", "strong"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,10 @@ def build_transform(
     view: View, spec: TransformSpec, norm: Normalization
 ) -> Callable[[Any], torch.Tensor]:
     """The torchvision transform of ``view`` (``train``/``test``/``score``, or ``random_crop``:
-    shorter side to ``resize``, random crop, no jitter); PIL image -> tensor.
+    shorter side to ``resize``, random crop, no jitter; ``strong``: the train view's resize,
+    crop and flip, then torchvision's ``RandAugment(num_ops=2, magnitude=10)``, the strong
+    views of LADA's CDAC and anchor solvers, their ``RandAugmentMC(2, 10)``); PIL image ->
+    tensor.
 
     >>> from PIL import Image
     >>> t = build_transform("test", TransformSpec(), normalization_for("resnet50"))
@@ -75,6 +78,11 @@ def build_transform(
     from torchvision import transforms as T
 
     tail = [T.ToTensor(), T.Normalize(norm.mean, norm.std)]
+    if view == "strong":
+        ops_s: list[Any] = [T.Resize((spec.resize, spec.resize)), T.RandomCrop(spec.crop)]
+        if spec.hflip:
+            ops_s.append(T.RandomHorizontalFlip())
+        return T.Compose([*ops_s, T.RandAugment(num_ops=2, magnitude=10), *tail])
     if view == "train":
         crop = {
             "random": T.RandomCrop,
@@ -98,7 +106,7 @@ def build_transform(
         )
     if view in ("score", "random_crop"):
         return T.Compose([T.Resize(spec.resize), T.RandomCrop(spec.crop), *tail])
-    raise ValueError(f"unknown view {view!r}; known: train, test, score, random_crop")
+    raise ValueError(f"unknown view {view!r}; known: train, test, score, random_crop, strong")
 
 
 def fixed_size_transform(image_size: int, channels: int) -> Callable[[Any], torch.Tensor]:

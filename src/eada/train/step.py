@@ -223,6 +223,7 @@ class StepMixin(TrainerBase):
             if self.world > 1:
                 dist_ops.average_gradients(self.aux.parameters())
             self.aux.step()
+            out.update(self.aux.after_step(self))  # LADA's MME: the entropy's own step
         out["loss"] = float(loss.detach())
         return out
 
@@ -245,8 +246,31 @@ class StepMixin(TrainerBase):
     def steps_per_epoch(self) -> int:
         """``max(#source batches, #unlabeled batches)`` over the current pool, the reference
         code's epoch length (``train.loaders: continuous`` takes it once, from the initial
-        pool; ``per_epoch`` at the start of every epoch)."""
-        return max(self.source_stream.batches_per_pass, self.unlabeled_stream.batches_per_pass)
+        pool; ``per_epoch`` at the start of every epoch); ``train.epoch_length`` ``source``:
+        the source batches (LADA's ft, RAA, LAA), ``min``: the smaller (LADA's MME)."""
+        s, u = self.source_stream.batches_per_pass, self.unlabeled_stream.batches_per_pass
+        how = self.cfg.train.epoch_length
+        return s if how == "source" else max(1, min(s, u)) if how == "min" else max(s, u)
+
+    def train_source_epochs(self) -> None:
+        """``train.source_epochs`` epochs of source-only NLL (LADA's source stage), one
+        source pass each, with an optimiser of their own (built like the main one); the
+        source stream goes on from where they leave it."""
+        t = self.cfg.train
+        if t.source_epochs < 1:
+            return
+        opt = build_optimizer(self.cfg.optim, self.model)
+        self._step.train()
+        for _ in range(t.source_epochs * self.source_stream.batches_per_pass):
+            xs, ys = self.source_stream.next()
+            (e_s,) = self._step([xs.to(self.device, non_blocking=True)])
+            loss = energy_ops.energy_nll(e_s, ys.to(self.device), tau=t.tau)
+            if not bool(torch.isfinite(loss)):
+                raise FloatingPointError(f"source loss became {float(loss)}; lower the lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            apply_lr_schedule(opt, self.cfg.optim)
+            opt.step()
 
     def fea_gate_weight(self, epochs_done: float) -> float:
         """The weight of ``L_fea`` (``train.fea_gate``, :func:`eada.energy.fea_gate_weight`)
