@@ -838,9 +838,10 @@ def test_cdac_losses_equal_their_definitions_on_a_fixed_batch() -> None:
     assert len(calls) == 2 and {"cdac_aac", "cdac_pl", "cdac_con"} <= set(logs)
 
 
-def test_anchor_mixup_mixes_each_anchor_with_its_strong_view() -> None:
-    """anchor_mixup_alpha > 0: the runner feeds m x + (1 - m) x_strong for the anchors
-    (m ~ Beta(a, a) per anchor); a domain without a strong view is left as it is."""
+def test_anchor_mixup_mixes_each_anchor_with_its_anchor_view() -> None:
+    """anchor_mixup_alpha > 0: the runner feeds m x + (1 - m) x_aug for the anchors
+    (m ~ Beta(a, a) per anchor, x_aug the domain's "anchor" RandAugment view); a domain
+    without that view (in-memory inputs) is left as it is."""
     from eada.data.base import TensorDomain
 
     tr = _toy_trainer("las_laa", ["active.rounds_at=[1]", "active.params.anchor_mixup_alpha=0.2"])
@@ -848,10 +849,10 @@ def test_anchor_mixup_mixes_each_anchor_with_its_strong_view() -> None:
     tgt = tr.task.target
 
     class WithStrong(TensorDomain):
-        transforms: ClassVar[dict[str, None]] = {"train": None, "strong": None}
+        transforms: ClassVar[dict[str, None]] = {"train": None, "anchor": None}
 
         def view(self, kind: str) -> TensorDomain:
-            if kind == "strong":
+            if kind == "anchor":
                 return TensorDomain(self.name, self.x + 100.0, self.y, list(self.classes))
             return self
 
@@ -874,7 +875,7 @@ def test_anchor_mixup_mixes_each_anchor_with_its_strong_view() -> None:
     (fused,) = [x for x in seen if len(x) == len(xs) + tr.aux.batch_size + 10 + n_anchor]
     assert float(fused[-n_anchor:].max()) > 20  # pulled towards the +100 view by 1 - m
     assert float(fused[:-n_anchor].abs().max()) < 20  # nothing else is mixed
-    tr.task.target = tgt  # no strong view: the anchors' inputs as they are
+    tr.task.target = tgt  # no anchor view: the anchors' inputs as they are
     seen.clear()
     tr.aux.loss(tr, *tr.source_stream.next())
     assert max(float(x.abs().max()) for x in seen) < 20
@@ -909,3 +910,88 @@ def test_lada_configs_follow_the_authors_protocol() -> None:
         assert (p["anchor_threshold"], p["anchor_mixup_alpha"]) == (0.9, 0.2)
         tr = cfg.data.transforms  # type: ignore[union-attr]
         assert (tr.jitter, tr.hflip, tr.scoring_view) == (None, False, "test")
+
+
+def test_lada_dann_solver_cosine_head_and_target_only_epochs() -> None:
+    """LADA's DANN (a discriminator on the logits + conditional entropy), their cosine
+    classifier (model.cosine_temperature) and ft_tgt's epoch (train.epoch_length labeled)."""
+    from eada.strategies.components import LogitDiscriminator
+
+    torch.manual_seed(4)
+    head = torch.nn.Linear(6, 3)
+    z = torch.randn(12, 6)
+    comp = LogitDiscriminator(3, 0.1, 0.1)
+    loss, logs = comp.loss(
+        StepBatch(
+            z[:5],
+            torch.zeros(5, dtype=torch.long),
+            z[5:],
+            z[:0],
+            torch.zeros(0, dtype=torch.long),
+            head,
+        )
+    )
+    logits = -head(z)
+    pred = comp.disc(logits)
+    domain = torch.tensor([1] * 5 + [0] * 7)
+    want_d = torch.nn.functional.cross_entropy(pred, domain)
+    p_u = torch.softmax(logits[5:], 1)
+    want_h = -(p_u * torch.log_softmax(logits[5:], 1)).sum(1).mean()
+    want = (0.1 * want_d + 0.1 * want_h).detach()
+    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-6)
+    # the gradient reversal: the discriminator descends the domain loss, the head ascends it
+    only_d = LogitDiscriminator(3, 0.1, 0.0)
+    only_d.disc.load_state_dict(comp.disc.state_dict())
+    batch = StepBatch(
+        z[:5],
+        torch.zeros(5, dtype=torch.long),
+        z[5:],
+        z[:0],
+        torch.zeros(0, dtype=torch.long),
+        head,
+    )
+    rev, _ = only_d.loss(batch)
+    g_head_rev, g_disc_rev = torch.autograd.grad(rev, [head.weight, only_d.disc[0].weight])
+    plain = 0.1 * torch.nn.functional.cross_entropy(only_d.disc(-head(z)), domain)
+    g_head, g_disc = torch.autograd.grad(plain, [head.weight, only_d.disc[0].weight])
+    torch.testing.assert_close(g_disc_rev, g_disc)
+    torch.testing.assert_close(g_head_rev, -g_head)
+    tr = _toy_trainer("las_dann", ["active.rounds_at=[1]", "train.epoch_length=min"])
+    logs = tr.train_step()
+    assert {"dann_domain", "dann_entropy"} <= set(logs)
+    assert "domain_source_prob" in tr.aux.pool_scores(np.zeros((4, 2), np.float32), tr.device)
+    # the cosine classifier: the head sees normalize(z) / T
+    tr = _toy_trainer("las", ["active.rounds_at=[1]", "model.cosine_temperature=0.05"])
+    x = tr.task.target.x[:8]
+    z_raw = tr.model.bottleneck(tr.model.backbone(x))
+    want = tr.model.head(torch.nn.functional.normalize(z_raw, dim=1) / 0.05)
+    torch.testing.assert_close(tr.model(x), want)
+    # ft_tgt: epochs of labeled-target batches (one step before any label)
+    tr = _toy_trainer(
+        "las", ["active.rounds_at=[1]", "train.epoch_length=labeled", "train.delta_s=0"]
+    )
+    assert tr.steps_per_epoch() == 1
+    tr.select_round(1, 1, 40)
+    assert tr.steps_per_epoch() == tr.labeled_stream.batches_per_pass >= 1
+
+
+def test_randaugment_views_of_images() -> None:
+    """The image domains' 'strong' (CDAC) and 'anchor' (RAA/LAA mixup) views: RandAugment,
+    224 x 224 tensors, a new augmentation each read."""
+    from PIL import Image
+
+    from eada.data.transforms import TransformSpec, build_transform
+    from eada.models.normalization import normalization_for
+
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 255, (300, 260, 3), dtype=np.uint8))
+    norm = normalization_for("resnet50")
+    for view in ("strong", "anchor"):
+        t = build_transform(view, TransformSpec(), norm)  # type: ignore[arg-type]
+        torch.manual_seed(0)
+        a, b = t(img), t(img)
+        assert a.shape == b.shape == (3, 224, 224) and not torch.equal(a, b)
+    names = [
+        type(op).__name__ for op in build_transform("anchor", TransformSpec(), norm).transforms
+    ]
+    assert names[0] == "RandAugment" and "RandomHorizontalFlip" in names

@@ -198,6 +198,9 @@ class ModelConfig(_Strict):
     # keep the bottleneck BatchNorm's scale/shift at 1/0 (never trained), as the authors' code
     # does (its optimiser never receives them); the paper configs set it, off elsewhere
     freeze_bottleneck_bn_affine: bool = False
+    # LADA's cosine classifier (MODEL.NORMALIZE, MODEL.TEMP 0.05; off in all their configs): the
+    # head sees the L2-normalised embeddings divided by this temperature; None: plain embeddings
+    cosine_temperature: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _bn_needs_bottleneck(self) -> ModelConfig:
@@ -309,8 +312,9 @@ class TrainConfig(_Strict):
     # paired ablation eada_no_fea); BENCHMARKS.md "Two-class tasks"
     fea_gate: Literal["none", "dann", "labels", "confidence", "zero"] = "labels"
     # steps an epoch: max(#source, #unlabeled-target batches) (default, EADA's and DUC's code),
-    # #source batches (LADA's ft, RAA, LAA solvers) or min(...) (LADA's MME: a zip of the two)
-    epoch_length: Literal["max", "source", "min"] = "max"
+    # #source batches (LADA's ft, RAA, LAA solvers), min(...) (LADA's MME, DANN: a zip of the
+    # two) or #labeled-target batches (LADA's ft_tgt, with delta_s 0; 1 step before any label)
+    epoch_length: Literal["max", "source", "min", "labeled"] = "max"
     # epochs of source-only NLL training before the schedule (LADA's source stage,
     # TRAINER.MAX_SOURCE_EPOCHS: 1 in their VisDA-2017 config), with an optimiser of its own
     source_epochs: int = Field(0, ge=0)

@@ -173,6 +173,12 @@ METHODS["las_cdac"] = {
     "train": {"gamma": 0.0},
 }
 
+# LAS with LADA's DANN solver (a discriminator on the logits + conditional entropy)
+METHODS["las_dann"] = {
+    "active": {"strategy": "las", "params": {"aux_components": ["logit_discriminator"]}},
+    "train": {"gamma": 0.0},
+}
+
 METHOD_LABELS = {
     "source_only": "Source-only",
     "random": "Random",
@@ -189,6 +195,7 @@ METHOD_LABELS = {
     "las_laa": "LADA (LAS + LAA)",
     "las_mcc": "LAS + MCC",
     "las_cdac": "LAS + CDAC",
+    "las_dann": "LAS + DANN (LADA's)",
 }
 
 

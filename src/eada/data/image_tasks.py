@@ -372,7 +372,10 @@ def image_domains(
             notes["features"][role] = info
             domains[role] = TensorDomain(il.name, feats, ds.y, list(il.classes))
     else:
-        views = {v: build_transform(v, spec, norm) for v in ("train", "test", "score", "strong")}
+        views = {
+            v: build_transform(v, spec, norm)
+            for v in ("train", "test", "score", "strong", "anchor")
+        }
         # the unlabeled-target training stream (data.transforms.unlabeled_view)
         unl = cfg.transforms.unlabeled_view
         views["unlabeled"] = views["train"] if unl == "train" else build_transform(unl, spec, norm)

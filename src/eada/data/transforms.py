@@ -39,7 +39,7 @@ __all__ = [
     "transform_key",
 ]
 
-View = Literal["train", "test", "score", "random_crop", "strong"]
+View = Literal["train", "test", "score", "random_crop", "strong", "anchor"]
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,13 @@ def build_transform(
     view: View, spec: TransformSpec, norm: Normalization
 ) -> Callable[[Any], torch.Tensor]:
     """The torchvision transform of ``view`` (``train``/``test``/``score``, or ``random_crop``:
-    shorter side to ``resize``, random crop, no jitter; ``strong``: the train view's resize,
-    crop and flip, then torchvision's ``RandAugment(num_ops=2, magnitude=10)``, the strong
-    views of LADA's CDAC and anchor solvers, their ``RandAugmentMC(2, 10)``); PIL image ->
-    tensor.
+    shorter side to ``resize``, random crop, no jitter; ``strong``: resize to
+    ``resize x resize``, random flip, random crop, torchvision's
+    ``RandAugment(num_ops=2, magnitude=10)``: the views of LADA's CDAC solver, their
+    ``RandAugmentMC(2, 10)``; ``anchor``: torchvision's ``RandAugment(num_ops=1,
+    magnitude=2)``, shorter side to ``resize``, random flip, random crop: the view LADA's
+    RAA/LAA mix their anchors with, their ``RandAugment(1, 2.0)`` on the same 0-30 scale);
+    PIL image -> tensor.
 
     >>> from PIL import Image
     >>> t = build_transform("test", TransformSpec(), normalization_for("resnet50"))
@@ -79,10 +82,25 @@ def build_transform(
 
     tail = [T.ToTensor(), T.Normalize(norm.mean, norm.std)]
     if view == "strong":
-        ops_s: list[Any] = [T.Resize((spec.resize, spec.resize)), T.RandomCrop(spec.crop)]
-        if spec.hflip:
-            ops_s.append(T.RandomHorizontalFlip())
-        return T.Compose([*ops_s, T.RandAugment(num_ops=2, magnitude=10), *tail])
+        return T.Compose(
+            [
+                T.Resize((spec.resize, spec.resize)),
+                T.RandomHorizontalFlip(),
+                T.RandomCrop(spec.crop),
+                T.RandAugment(num_ops=2, magnitude=10),
+                *tail,
+            ]
+        )
+    if view == "anchor":
+        return T.Compose(
+            [
+                T.RandAugment(num_ops=1, magnitude=2),
+                T.Resize(spec.resize),
+                T.RandomHorizontalFlip(),
+                T.RandomCrop(spec.crop),
+                *tail,
+            ]
+        )
     if view == "train":
         crop = {
             "random": T.RandomCrop,
@@ -106,7 +124,9 @@ def build_transform(
         )
     if view in ("score", "random_crop"):
         return T.Compose([T.Resize(spec.resize), T.RandomCrop(spec.crop), *tail])
-    raise ValueError(f"unknown view {view!r}; known: train, test, score, random_crop, strong")
+    raise ValueError(
+        f"unknown view {view!r}; known: train, test, score, random_crop, strong, anchor"
+    )
 
 
 def fixed_size_transform(image_size: int, channels: int) -> Callable[[Any], torch.Tensor]:

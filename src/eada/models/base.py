@@ -41,6 +41,7 @@ class EnergyNet(nn.Module):
             head_in = feature_dim
         self.head = nn.Linear(head_in, num_classes)
         self.num_classes = num_classes
+        self.cosine_temperature: float | None = None
 
     def freeze_bottleneck_affine(self) -> None:
         """Keep the bottleneck batch norm's affine parameters (scale 1, shift 0) at their
@@ -60,8 +61,14 @@ class EnergyNet(nn.Module):
                 p.requires_grad_(False)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """The penultimate features (input of the energy head), shape ``(B, D)``."""
-        return self.bottleneck(self.backbone(x))
+        """The penultimate features (input of the energy head), shape ``(B, D)``; with
+        :attr:`cosine_temperature` ``T`` set (``model.cosine_temperature``, LADA's
+        ``MODEL.NORMALIZE``), L2-normalised and divided by ``T``, so the head's outputs are
+        ``T``-scaled cosine scores (plus its bias), as their classifier's."""
+        z = self.bottleneck(self.backbone(x))
+        if self.cosine_temperature is not None:
+            z = nn.functional.normalize(z, dim=1) / self.cosine_temperature
+        return z
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Energies ``E(x, .)`` of shape ``(B, C)``."""

@@ -17,6 +17,7 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     net = _build(cfg, input_shape, num_classes)
     if cfg.freeze_bottleneck_bn_affine:
         net.freeze_bottleneck_affine()
+    net.cosine_temperature = cfg.cosine_temperature
     return net
 
 

@@ -159,7 +159,7 @@ class AuxComponent(nn.Module):
     """Whether the runner draws the target batches as shuffled passes over each set (without
     replacement) instead of uniform draws with replacement."""
     mixup_alpha: float = 0.0
-    """``> 0``: the runner mixes the inputs this component requested with a ``strong`` view
+    """``> 0``: the runner mixes the inputs this component requested with an ``anchor`` view
     of each (``m ~ Beta(alpha, alpha)`` per row; LADA's anchor views)."""
     strong_views: ClassVar[int] = 0
     """How many further views of the unlabeled batch the component needs in its separate
@@ -439,6 +439,80 @@ class Evidential(AuxComponent):
 
 
 @register_component
+class LogitDiscriminator(AuxComponent):
+    """LADA's DANN solver (``solver/solver.py``, ``DANNSolver``): a discriminator
+    ``MLP(C -> 500 -> 500 -> 2)`` on the classifier's logits ``-E`` of the source and unlabeled
+    batches through a gradient reversal, trained with the domain cross-entropy, plus the
+    conditional entropy of the unlabeled predictions:
+
+    ``L = dann_weight x CE(D(GRL([-E_s; -E_u])), domain) + dann_entropy_weight x H(p_u)``
+
+    (their ``ADA.UNSUP_WT`` 0.1 and ``ADA.CEN_WT`` 0.1; 0.1 and 0.01 in their UDA stage). Its
+    parameters train with the runner's optimiser (Adam, ``aux_lr``; theirs Adadelta at the
+    adaptation lr). Our ``domain_discriminator`` (AADA, TQS) is the other design: an MLP on
+    the embeddings with a binary loss. Pool score ``domain_source_prob`` (AADA reads it).
+
+    Example:
+        >>> torch.manual_seed(0) and None
+        >>> z = torch.randn(8, 4)
+        >>> batch = StepBatch(z[:4], torch.tensor([0, 1, 2, 0]), z[4:], z[:0], torch.tensor([]),
+        ...                   nn.Linear(4, 3))
+        >>> loss, logs = LogitDiscriminator(3, 0.1, 0.1).loss(batch)
+        >>> sorted(logs)
+        ['dann_domain', 'dann_entropy']
+    """
+
+    name = "logit_discriminator"
+    settings: ClassVar[dict[str, float | int]] = {"dann_weight": 0.1, "dann_entropy_weight": 0.1}
+
+    def __init__(self, num_classes: int, weight: float, entropy_weight: float) -> None:
+        super().__init__()
+        self.disc = nn.Sequential(
+            nn.Linear(num_classes, 500),
+            nn.ReLU(),
+            nn.Linear(500, 500),
+            nn.ReLU(),
+            nn.Linear(500, 2),
+        )
+        self.weight, self.entropy_weight = weight, entropy_weight
+        self.head: nn.Module | None = None
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        return cls(
+            num_classes,
+            float(cls.setting(params, "dann_weight")),
+            float(cls.setting(params, "dann_entropy_weight")),
+        )
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        self.head = batch.head
+        if not len(batch.zu):
+            return batch.zs.sum() * 0.0, {}
+        logits_s, logits_u = -batch.head(batch.zs), -batch.head(batch.zu)
+        pred = self.disc(grad_reverse(torch.cat([logits_s, logits_u]), 1.0))
+        domain = torch.cat(
+            [
+                torch.ones(len(logits_s), dtype=torch.long),
+                torch.zeros(len(logits_u), dtype=torch.long),
+            ]
+        ).to(pred.device)
+        loss_d = nn.functional.cross_entropy(pred, domain)
+        logp = torch.log_softmax(logits_u, dim=1)
+        cent = -(logp.exp() * logp).sum(dim=1).mean()
+        total = self.weight * loss_d + self.entropy_weight * cent
+        return total, {"dann_domain": float(loss_d.detach()), "dann_entropy": float(cent.detach())}
+
+    @torch.no_grad()
+    def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
+        if self.head is None:
+            return {}
+        p = torch.softmax(self.disc(-self.head(z)), dim=1)[:, 1]  # class 1 = source
+        return {"domain_source_prob": p.double().cpu().numpy()}
+
+
+@register_component
 class ClassConfusion(AuxComponent):
     """MCC (Jin et al., ECCV 2020) as a semi-supervised solver, LADA's ``solver/MCCsolver.py``:
     ``mcc_weight x`` :func:`eada.energy.min_class_confusion` of the unlabeled batch at
@@ -451,7 +525,7 @@ class ClassConfusion(AuxComponent):
         >>> batch = StepBatch(z[:2], torch.tensor([0, 1]), z[2:], z[:0], torch.tensor([]),
         ...                   nn.Linear(4, 3))
         >>> loss, logs = ClassConfusion(1.0, 2.5).loss(batch)
-        >>> sorted(logs), 0 <= float(loss) <= 1
+        >>> sorted(logs), 0 <= float(loss.detach()) <= 1
         (['mcc'], True)
     """
 
@@ -626,10 +700,10 @@ class AnchorAugmentation(AuxComponent):
     candidate seen) and adds those :func:`accept_anchors` accepts, pseudo-labeled. Settings:
     ``anchor_neighbours`` (``LADA.A_K``, 10; 5 in their Office-31 config; 0 switches the
     augmentation off), ``anchor_threshold`` (``LADA.A_TH``, 0.9), ``anchor_mixup_alpha``
-    (0: off, the default; their code 0.2): each anchor's input is mixed with a ``strong``
-    (RandAugment) view of the same image, ``x' = m x + (1 - m) x_strong``, ``m ~ Beta(a, a)``
+    (0: off, the default; their code 0.2): each anchor's input is mixed with an ``anchor``
+    (RandAugment) view of the same image, ``x' = m x + (1 - m) x_aug``, ``m ~ Beta(a, a)``
     per anchor (their ``A_RAND_NUM`` = 1 view; the runner, :mod:`eada.train.aux`, does it).
-    In-memory inputs (features, digits) have no strong view, so there it changes nothing.
+    In-memory inputs (features, digits) have no such view, so there it changes nothing.
 
     Differences from their code: candidates embedded in eval mode, and a candidate step
     before the optimiser's step rather than after it.

@@ -147,12 +147,12 @@ class AuxTraining:
         rows = [iu, il, *(r[0] for r in asked.values())]
         (xt,) = iterate_inputs(tgt.view("train"), [torch.cat(rows)])
         at = n_u + n_l
-        for c in self._items:  # LADA's anchor views: mixup with a RandAugment view
+        for c in self._items:  # LADA's anchor views: mixup with a RandAugment ("anchor") view
             if c.name not in asked:
                 continue
             idx = asked[c.name][0]
-            if c.mixup_alpha > 0 and len(idx) and "strong" in getattr(tgt, "transforms", {}):
-                (xv,) = iterate_inputs(tgt.view("strong"), [idx])
+            if c.mixup_alpha > 0 and len(idx) and "anchor" in getattr(tgt, "transforms", {}):
+                (xv,) = iterate_inputs(tgt.view("anchor"), [idx])
                 seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator))
                 m = np.random.default_rng(seed).beta(c.mixup_alpha, c.mixup_alpha, len(idx))
                 m_t = torch.from_numpy(m).to(xt.dtype).view(-1, *([1] * (xt.dim() - 1)))

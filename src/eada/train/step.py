@@ -247,9 +247,13 @@ class StepMixin(TrainerBase):
         """``max(#source batches, #unlabeled batches)`` over the current pool, the reference
         code's epoch length (``train.loaders: continuous`` takes it once, from the initial
         pool; ``per_epoch`` at the start of every epoch); ``train.epoch_length`` ``source``:
-        the source batches (LADA's ft, RAA, LAA), ``min``: the smaller (LADA's MME)."""
+        the source batches (LADA's ft, RAA, LAA), ``min``: the smaller (LADA's MME, DANN),
+        ``labeled``: the labeled-target batches (LADA's ft_tgt; one step while none is
+        labeled)."""
         s, u = self.source_stream.batches_per_pass, self.unlabeled_stream.batches_per_pass
         how = self.cfg.train.epoch_length
+        if how == "labeled":
+            return max(1, self.labeled_stream.batches_per_pass)
         return s if how == "source" else max(1, min(s, u)) if how == "min" else max(s, u)
 
     def train_source_epochs(self) -> None:
