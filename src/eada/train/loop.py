@@ -221,7 +221,9 @@ class ActiveDATrainer(StepMixin, SelectionMixin, EvaluationMixin, StateMixin):
             open_round = result.rounds[-1] if self._resume["open_round"] else None
             self._resume = None
         else:
-            self.train_source_epochs()  # LADA's source stage (train.source_epochs, default 0)
+            gs = self.gate_schedule  # a project store's later segment: its source stage is done
+            if gs is None or gs.epochs_before == 0:
+                self.train_source_epochs()  # LADA's source stage (train.source_epochs)
             if 0 in rounds_by_epoch:  # a round before the first epoch (LADA's VisDA-2017)
                 metrics = self.evaluate()
                 result.rounds.append(
