@@ -142,6 +142,8 @@ ROWS: list[Row] = [
     Row("CLUE before the fix (1 k-means init)", "clue", before_change=True, ranked=False),
     Row("DUC before issue 32", "duc", before_change=True, ranked=False),
     Row("LAS before issue 32", "las", before_change=True, ranked=False),
+    # DUC's scores in float64 (an option): where the float32 evidence overflows (MNIST->MNIST-M)
+    Row("DUC, float64 scores", "duc", ("active.params.precision=float64",), ranked=False),
     # EADA w/o L_fea as it was before it was paired: gamma = 0 draws no unlabeled batch, so the
     # seed's source batches differ from EADA's (BENCHMARKS.md "A paired ablation of L_fea")
     Row("EADA w/o L_fea, unpaired (gamma 0)", "eada", ("train.gamma=0",), ranked=False),

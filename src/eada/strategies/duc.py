@@ -125,6 +125,11 @@ def duc_scores(energies: np.ndarray, precision: str = "float32") -> tuple[np.nda
             f"{float(-logits.min()):.4g}; exp(-E) overflows below about -{lo} and S underflows "
             f"to 0 when all of a sample's energies are above about {hi}); the authors' code "
             "gives NaN scores there (it applies no clamp)"
+            + (
+                "; active.params.precision=float64 scores energies down to about -709.8"
+                if precision == "float32"
+                else ""
+            )
         )
     return u_dis.double().numpy(), u_data.double().numpy()
 
