@@ -1,17 +1,24 @@
 # Two commands do everything on a fresh machine (Python >= 3.10 with venv):
 #   make demo   set up .venv and run `eada demo` (the paper's toy example; no download)
-#   make test   set up .venv and run ruff, mypy and the test suite (what CI runs)
+#   make test   set up .venv and run ruff, mypy, the docs build and the test suite (what CI runs)
+# CPU-only machine: `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` installs torch
+# and torchvision from that index first (CPU wheels, no CUDA libraries), the rest from PyPI.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TORCH_INDEX ?=
+EXTRAS ?= dev,images,features,fast,docs
 
-.PHONY: setup demo test lint bench-digits
+.PHONY: setup demo test lint docs bench-digits
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev,images,features,fast]"
+ifneq ($(strip $(TORCH_INDEX)),)
+	$(BIN)/python -m pip install -q -c constraints.txt --index-url $(TORCH_INDEX) torch torchvision
+endif
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -20,11 +27,16 @@ demo: $(STAMP)
 	$(BIN)/eada demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
 
-test: lint
+# the documentation site into site/ (open site/index.html); --strict: a broken link, a page
+# left out of the nav or an API reference that does not resolve fails the build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+test: lint docs
 	$(BIN)/python -m pytest -ra
 
 bench-digits: $(STAMP)

@@ -1,5 +1,10 @@
 """The commands of README.md and docs/*.md run as written.
 
+(The pages under ``docs/results/`` are records of benchmark runs, moved from BENCHMARKS.md:
+their commands are hours of training, not a user's commands; they are not run here, but every
+``python benchmarks/...`` script they or BENCHMARKS.md name must exist,
+:func:`test_every_benchmark_script_named_in_the_docs_exists`.)
+
 Every ``eada ...`` line of a fenced shell block is found and classified, so a new or changed
 command is never silently untested:
 
@@ -61,6 +66,12 @@ NOT_RUN: dict[str, str] = {
     "eada query --store runs/proj --audit 20": "store flow (needs the init above): "
     "tests/test_pool.py draws and labels an audit round",
     "eada target scan --store runs/proj": "store flow: tests/test_pool.py grows a pool",
+    "eada config set --store runs/proj store.label_studio_root=/srv/label-studio-data": "needs "
+    "a store whose images lie under that folder: tests/test_labelstudio_team.py sets the root "
+    "after init (connect --root, the same call)",
+    "eada config set --store runs/proj store.conflicts=majority store.conflict_tie=reviewer "
+    "store.reviewer=alice": "needs a store with annotators: tests/test_store_disputes.py runs "
+    "eada config set on one",
 }
 TEMPLATE = re.compile(r"\[|\||\.\.\.|\$|\b[A-Z][A-Z_0-9]{2,}\b|\bM\b")
 TRAINS = ("eada run ", "eada bench ")
@@ -130,7 +141,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.data
-@pytest.mark.parametrize("doc", sorted({d for d, _, _ in COMMANDS}))
+@pytest.mark.parametrize(
+    "doc", sorted({d for d, cmd, _ in COMMANDS if classify(cmd) in ("run", "dry-run")})
+)
 def test_doc_commands_run_as_written(doc: str, workdir: Path) -> None:
     """A document's commands, in its order, in one scratch folder (later lines use what
     earlier ones wrote, as a reader's would)."""
@@ -157,6 +170,22 @@ def test_doc_commands_run_as_written(doc: str, workdir: Path) -> None:
         if cmd == TABLE_ONLY:
             assert "mnist-usps" in buf.getvalue() and "toy" not in buf.getvalue()
     assert ran
+
+
+def test_every_benchmark_script_named_in_the_docs_exists() -> None:
+    """``benchmarks/X.py`` in any page (README, BENCHMARKS.md, CONTRIBUTING.md, docs/ and its
+    results pages) names a script that is there (the investigations moved to
+    ``benchmarks/investigations/``: a stale path fails here)."""
+    pages = [REPO / "BENCHMARKS.md", REPO / "CONTRIBUTING.md", *DOCS]
+    pages += sorted((REPO / "docs").rglob("*.md"))
+    named = {
+        (page.relative_to(REPO).as_posix(), m)
+        for page in pages
+        for m in re.findall(r"\bbenchmarks/[\w/]+\.py\b", page.read_text())
+    }
+    assert len({m for _, m in named}) >= 20
+    missing = sorted((page, m) for page, m in named if not (REPO / m).is_file())
+    assert not missing, f"pages name benchmark scripts that do not exist: {missing}"
 
 
 def test_digits_benchmark_refuses_committed_runs_without_a_data_digest(

@@ -6,7 +6,7 @@ storage and pushes the round (every task's image is served with HTTP 200, the mo
 a pre-annotation with its score, the EADA scores are task data); an annotator labels some
 tasks, skips one and corrects one through Label Studio's API; ``eada labelstudio pull`` and
 ``eada train`` (which pulls first) bring them in; a conflicting correction from a CSV exits 2
-and changes nothing; the next ``eada query`` reaches Label Studio too. Then the README's Label
+and changes nothing; the next ``eada query`` reaches Label Studio too. Then the Label
 Studio commands run as written on the same store."""
 
 from __future__ import annotations
@@ -196,16 +196,22 @@ def test_a_round_in_a_real_label_studio_server(
     labels = {r["sample_id"]: r["class_name"] for r in Project(store).store.current_labels()}
     assert labels[fixed["data"]["sample_id"]] == right[fixed["id"]]
 
-    # another annotator's conflicting CSV correction: exit 2, named, nothing changes
+    # another annotator's contradicting CSV answer: a dispute, both named; the label in force
+    # stays; the reviewer's policy settles it for the Label Studio annotator
     bad = store.parent / "bob.csv"
     sid = by_rank[0]["data"]["sample_id"]
     other = next(c for c in CLASSES if c != right[by_rank[0]["id"]])
     bad.write_text(f"sample_id,label,annotator\n{sid},{other},bob\n")
-    before = Project(store).status()
-    assert main(["label", "import", str(bad), *s]) == 2
-    err = _flat(capsys.readouterr().err)
-    assert f"sample {sid}" in err and f"by {who}" in err and f"bob labels it '{other}'" in err
-    assert Project(store).status() == before
+    assert main(["label", "import", str(bad), *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "1 disputed" in out and f"sample {sid}" in out
+    assert f"{who} '{right[by_rank[0]['id']]}'" in out and f"bob '{other}'" in out
+    labels = {r["sample_id"]: r["class_name"] for r in Project(store).store.current_labels()}
+    assert labels[sid] == right[by_rank[0]["id"]]
+    assert [d["sample_id"] for d in Project(store).status()["disputes"]] == [sid]
+    assert main(["config", "set", *s, "store.conflicts=reviewer", f"store.reviewer={who}"]) == 0
+    capsys.readouterr()
+    assert Project(store).status()["disputes"] == []
 
     # the next round reaches Label Studio; the skipped sample is not in it
     assert main(["query", *s]) == 0
@@ -215,7 +221,7 @@ def test_a_round_in_a_real_label_studio_server(
     round2 = {t["data"]["sample_id"] for t in tasks2 if t["data"]["round"] == 2}
     assert len(round2) == 5 and skipped["data"]["sample_id"] not in round2
 
-    # the annotator answers round 2; the README's Label Studio commands, as written, on this
+    # the annotator answers round 2; the Label Studio page's commands, as written, on this
     # store and this server (connecting again pushes nothing twice), bring it in and train
     for t in tasks2:
         if t["data"]["round"] == 2:
@@ -265,10 +271,10 @@ def _post(url: str, body: Any) -> Any:
 
 
 def readme_label_studio_commands() -> list[list[str]]:
-    """The ``eada`` lines of the README's *Label Studio, live* block, in order."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Label Studio, live", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    """The ``eada`` lines of the first shell block of ``docs/label-studio.md`` (the page the
+    README's *Label Studio, live* section moved to), in order."""
+    text = (REPO / "docs" / "label-studio.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
     assert block is not None
     return [
         shlex.split(line, comments=True)

@@ -15,7 +15,7 @@ import yaml
 
 from eada.cli import main
 from eada.store import Project, StoreError
-from eada.store.unlabeled import wilson_interval
+from eada.store.unlabeled import audit_headline, wilson_interval
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SURF = SHARED_DATA / "office_caltech10_surf"
@@ -80,7 +80,7 @@ def test_audit_gives_an_unbiased_estimate_with_an_interval_in_status(
     capsys.readouterr()
     assert main(["query", *s, "--audit", "20"]) == 0
     out = capsys.readouterr().out
-    assert "20 samples drawn uniformly at random from a pool of 295 (audit round)" in out
+    assert "20 samples drawn uniformly at random from a pool of 295 (audit round" in out
     csv_file = tmp_path / "P" / "exports" / "round-001.csv"
     assert f"next: eada label import {csv_file} --store {s[1]}" in out  # pasteable, one line
     # nothing labeled yet: the estimate waits, the schedule is not blocked by the audit
@@ -131,9 +131,15 @@ def test_audit_gives_an_unbiased_estimate_with_an_interval_in_status(
     assert len(proj._labels_tensor()[0]) == 0
     pp = proj.status()["pool_predicted"]
     assert pp["round"] == 2 and pp["n"] == 275 and sum(pp["counts"].values()) == 275
-    # an audit while an active round awaits labels is refused, naming the command
-    with pytest.raises(StoreError, match="round 2 awaits labels for 4 samples"):
-        proj.audit(5)
+    # an audit while an active round awaits labels draws from the pool minus its samples
+    # (issue 30), and the estimate says so
+    pending = {p["sample_id"] for p in proj.pending()}
+    out = proj.audit(5)
+    assert out["excluded_pending"] == 4 and out["pool"] == 275 - 4
+    drawn_now = {r["sample_id"] for r in proj.store.selected(proj.store.rounds()[-1]["id"])}
+    assert len(drawn_now) == 5 and not drawn_now & pending
+    head = audit_headline(proj.status()["audit"]["rounds"][-1])
+    assert "minus the 4 samples of round 2 out for labeling" in head
     proj.close()
     capsys.readouterr()
     assert main(["status", *s]) == 0
@@ -344,9 +350,10 @@ def test_near_duplicates_are_flagged_in_export_status_and_report(tmp_path: Path)
 
 def test_near_duplicate_threshold_defaults_by_feature_kind() -> None:
     """Without ``store.near_duplicate_threshold``, feature rows are flagged from a cosine of
-    0.94 and decoded images from 0.999 (the defaults ``benchmarks/near_duplicates.py``
-    measured): a pair at cosine 0.970 is flagged among feature rows, not among images; a
-    threshold that is set applies to both, and the one used is returned."""
+    0.94 and decoded images from 0.999 (the defaults
+    ``benchmarks/investigations/near_duplicates.py`` measured): a pair at cosine 0.970 is
+    flagged among feature rows, not among images; a threshold that is set applies to both, and
+    the one used is returned."""
     from types import SimpleNamespace
 
     from eada.data.base import TensorDomain

@@ -290,8 +290,8 @@ def _first_drift(run: dict[str, Any]) -> int | None:
 
 
 def test_drift_on_the_recorded_synthetic_runs() -> None:
-    """The recorded runs of benchmarks/seg_drift.py (BENCHMARKS.md, 'Drift warnings in
-    segmentation'): gamma 0.1 with the paper's F drifts (Delta -3.6 -> -146 in 24 windows
+    """The recorded runs of benchmarks/investigations/seg_drift.py (docs/results/
+    segmentation-drift.md): gamma 0.1 with the paper's F drifts (Delta -3.6 -> -146 in 24 windows
     while the source NLL stays near 0.13) and is caught in both seeds; the config's gamma 0.01
     stays silent under every alignment, although its Delta falls too (-3.3 -> -11.7) while
     the source fit still improves."""

@@ -127,21 +127,24 @@ def test_human_round_trip_on_digits(tmp_path: Path, digits_root: Path, capsys) -
     fix["label"] = "7" if old != "7" else "1"
     fix["annotator"] = "bob"
     _write_csv(tmp_path / "fix.csv", [fix])
-    # bob replacing alice's label is a conflict: named, exit 2, nothing changed
+    # bob contradicting alice's label is a dispute: imported, named, alice's label stays
     before = Project(folder).status()
-    assert main(["label", "import", str(tmp_path / "fix.csv"), *s]) == 2
-    err = _flat(capsys.readouterr().err)
-    assert f"sample {fix['sample_id']}" in err and f"is labeled '{old}' by alice" in err
-    assert f"bob labels it '{fix['label']}'" in err and "--force" in err
-    assert Project(folder).status() == before
+    assert main(["label", "import", str(tmp_path / "fix.csv"), *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert f"sample {fix['sample_id']}" in out and "disput" in out
+    assert f"alice '{old}'" in out and f"bob '{fix['label']}'" in out
+    after = Project(folder).status()
+    assert after["n_labeled"] == before["n_labeled"]
+    assert [d["sample_id"] for d in after["disputes"]] == [int(fix["sample_id"])]
     assert main(["label", "import", str(tmp_path / "fix.csv"), *s, "--force"]) == 0
     out = _flat(capsys.readouterr().out)
     assert "0 new, 1 corrections" in out and "replaced another annotator's label" in out
+    assert Project(folder).status()["disputes"] == []  # the newest answer settled it
     assert main(["status", *s, "--json"]) == 0
     st = json.loads(capsys.readouterr().out)
     assert st["n_labeled"] == 30 and st["corrections"] == 1 and st["by_source"]["human"] == 30
     # near-duplicates are flags; on decoded digit pixels only from a cosine of 0.999 (at 0.95
-    # distinct digits of one round were flagged: benchmarks/near_duplicates.py)
+    # distinct digits of one round were flagged: benchmarks/investigations/near_duplicates.py)
     dups = st["rounds"][0].pop("near_duplicates")
     assert all(d["cosine"] >= 0.999 and d["of"] != d["sample_id"] for d in dups)
     info = json.loads(Project(folder).store.rounds()[0]["info"])

@@ -26,7 +26,6 @@ from eada.store import Project, StoreError, init_project
 from eada.store import db as store_db
 from eada.store import project as store_project
 from eada.store.labelfiles import csv_safe
-from eada.store.labels import LabelConflictError
 
 TOY = [
     "data.n_per_class=60",
@@ -119,20 +118,21 @@ def test_concurrent_conflicting_imports_leave_one_label_in_force(queried, monkey
         return go
 
     res = _in_threads([importer(a, "alice"), importer(b, "bob")])
-    # the second writer saw the first's labels: its differing labels would replace another
-    # annotator's, so it is refused whole (named, nothing written) instead of winning silently
-    done = [r for r in res if isinstance(r, dict)]
-    refused = [r for r in res if isinstance(r, LabelConflictError)]
-    assert len(done) == 1 and len(refused) == 1, res
-    assert (done[0]["new"], done[0]["corrections"]) == (10, 0)
-    assert len(refused[0].conflicts) == 10
-    first = a if res[0] is done[0] else b
+    # the second writer saw the first's labels: its differing answers contradict another
+    # annotator's labels in force, so each is a dispute (both named) instead of winning
+    # silently; the first writer's labels stay in force
+    assert all(isinstance(r, dict) for r in res), res
+    first = a if res[0]["new"] == 10 else b
+    (second,) = [r for r in res if r["new"] == 0]
+    assert res[0 if first == a else 1]["new"] == 10 and second["corrections"] == 0
     expected = {int(r["sample_id"]): r["label"] for r in (rows if first == a else other)}
     p = Project(folder)
     current = p.store.current_labels()
     assert {r["sample_id"]: r["class_name"] for r in current} == expected
     st = p.status()
     assert st["n_labeled"] == 10 and st["corrections"] == 0
+    assert sorted(d["sample_id"] for d in st["disputes"]) == sorted(expected)
+    assert all(set(d["answers"]) == {"alice", "bob"} for d in st["disputes"])
     assert st["rounds"][0]["labeled"] == 10 and st["rounds"][0]["pending"] == 0
     files = p.export(folder.parent / "out")
     p.close()

@@ -221,3 +221,41 @@ def test_query_prints_no_unsafe_document_root(tmp_path: Path, d, capsys, monkeyp
     err = _error(capsys.readouterr().err)
     assert "store.label_studio_root" in err and "holds the home folder" in err
     assert err.count("\n") == 1 and not (tmp_path / "P2").exists()
+
+
+def test_one_storage_per_target_root_and_no_label_studio_file_without_a_root(
+    tmp_path: Path, d, capsys, monkeypatch
+) -> None:
+    """Issue 30: target files in two data roots (the list's folder and an allowed one) get one
+    Local Files storage each under a document root that holds both; the source plays no part.
+    Where the target's roots share no safe folder, no round-NNN.labelstudio.json is written
+    (its URLs would not resolve) until `eada config set store.label_studio_root=DIR` names one."""
+    from eada.store import Project
+    from eada.store.labelstudio import _storage_folders, document_root_or_none
+
+    lst = d["tgt"] / "list.txt"
+    lst.write_text("t0.png\nt1.png\nt2.png\n../../outside/o0.png\n../../outside/o1.png\n")
+    cfg = _config(tmp_path, lst)
+    s = ["--store", str(tmp_path / "P")]
+    assert _init(tmp_path, cfg, "--allow-root", str(d["out"])) == 0
+    p = Project(tmp_path / "P")
+    root = document_root_or_none(p)
+    assert root == tmp_path.resolve()
+    assert _storage_folders(p, root) == [d["tgt"].resolve(), d["out"].resolve()]
+    # the same two roots, no safe folder above them: no Label Studio file, a note instead
+    monkeypatch.setattr(roots_mod, "home_folders", lambda: [d["out"].resolve()])
+    assert main(["train", *s]) == 0 and main(["query", *s]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    exports = tmp_path / "P" / "exports"
+    assert not (exports / "round-001.labelstudio.json").exists()
+    assert "is not written" in out and "eada labelstudio connect --root DIR" in out
+    # a root named after init: the file is written, every URL under it
+    safe = tmp_path / "serve"
+    safe.mkdir()
+    assert main(["config", "set", *s, f"store.label_studio_root={safe}"]) == 2
+    assert "lie outside it" in capsys.readouterr().err
+    monkeypatch.setattr(roots_mod, "home_folders", lambda: [])
+    assert main(["config", "set", *s, f"store.label_studio_root={tmp_path}"]) == 0
+    assert main(["query", *s]) == 0  # re-exports the open round
+    tasks = json.loads((exports / "round-001.labelstudio.json").read_text())
+    assert {t["data"]["image"].split("?d=")[1].split("/")[0] for t in tasks} <= {"data", "outside"}

@@ -15,7 +15,7 @@ import eada
 from eada.cli import main
 from eada.hparams import preset_config
 from eada.store import Project, init_project
-from eada.store.labels import LabelConflictError
+from eada.store.db import SCHEMA_VERSION
 
 TOY = [
     "data.n_per_class=60",
@@ -105,7 +105,10 @@ def test_csv_skip_partial_train_and_counts(proj: Project, tmp_path: Path, capsys
     ).fetchone()[0]
     assert in_pool == 0
     # a later label undoes the skip (same annotator: no conflict); history keeps the skip
-    out = eada.import_labels(p, [{"sample_id": skipped_id, "label": _truth(p, again[4])}])
+    who = next(a["annotator"] for a in p.store.answers() if a["sample_id"] == skipped_id)
+    out = eada.import_labels(
+        p, [{"sample_id": skipped_id, "label": _truth(p, again[4])}], annotator=who
+    )
     assert out["unskipped"] == 1 and p.status()["n_skipped"] == 0
     p.export(tmp_path / "exp")
     with open(tmp_path / "exp" / "labels_history.csv", newline="") as fh:
@@ -145,19 +148,28 @@ def test_skip_routes_json_label_studio_records_and_bad_rows(proj: Project, tmp_p
     assert proj.status()["n_skipped"] == 3
 
 
-def test_conflicts_need_force_or_newest_wins(proj: Project, tmp_path: Path) -> None:
+def test_conflicts_are_disputes_unless_force_or_newest_wins(proj: Project, tmp_path: Path) -> None:
     sid = int(_rows(proj)[0]["sample_id"])
     a, b = proj.classes[0], proj.classes[1]
+    other = int(_rows(proj)[1]["sample_id"])
     eada.import_labels(proj, [{"sample_id": sid, "label": a}], annotator="alice")
     eada.import_labels(proj, [{"sample_id": sid, "label": b}], annotator="alice")  # own label
-    with pytest.raises(LabelConflictError) as err:
-        eada.import_labels(proj, [{"sample_id": sid, "label": a}], annotator="bob")
-    msg = str(err.value)
-    assert f"sample {sid} is labeled '{b}' by alice; bob labels it '{a}'" in msg
-    assert proj.status()["annotators"] == {"alice": {"labeled": 1, "skipped": 0}}
-    # a skip replacing another annotator's label is a conflict too
-    with pytest.raises(LabelConflictError, match="bob skips it"):
-        eada.import_labels(proj, [{"sample_id": sid, "skip": "blurred"}], annotator="bob")
+    # bob contradicts alice: a dispute, alice's label stays in force, bob's other row imported
+    out = eada.import_labels(
+        proj, [{"sample_id": sid, "label": a}, {"sample_id": other, "label": a}], annotator="bob"
+    )
+    assert out["new"] == 1
+    st = proj.status()
+    assert st["annotators"] == {
+        "alice": {"labeled": 1, "skipped": 0},
+        "bob": {"labeled": 1, "skipped": 0},
+    }
+    (dispute,) = st["disputes"]
+    assert dispute["sample_id"] == sid
+    assert dispute["answers"] == {"alice": b, "bob": a} and dispute["in_force"] == b
+    # a skip against another annotator's label is a disagreement too (still one dispute)
+    eada.import_labels(proj, [{"sample_id": sid, "skip": "blurred"}], annotator="bob")
+    assert [d["sample_id"] for d in proj.status()["disputes"]] == [sid]
     out = eada.import_labels(proj, [{"sample_id": sid, "label": a}], annotator="bob", force=True)
     assert out["corrections"] == 1 and out["replaced_other_annotators"] == 1
     # newest-wins, documented in the store section
@@ -209,7 +221,7 @@ def test_a_schema_1_store_is_migrated_with_every_label_kept(proj: Project) -> No
     )
     db.close()
     p = Project(proj.folder)
-    assert p.store.get_meta("schema_version") == "2"
+    assert p.store.get_meta("schema_version") == str(SCHEMA_VERSION)
     after = [tuple(r)[:9] for r in p.store.conn.execute("SELECT * FROM labels ORDER BY id")]
     assert after == [r[:9] for r in before]
     assert (

@@ -224,8 +224,9 @@ def import_labels(
     optional ``annotator``) or a pandas DataFrame with those columns. A record with ``skip``
     (a reason) instead of ``label`` marks the sample unusable: it leaves the pool and counts
     as answered; a later label undoes it. Validated like a file import: all problems listed,
-    nothing written unless all rows are valid. Replacing another annotator's label raises
-    ``LabelConflictError`` (nothing written) unless ``force=True``."""
+    nothing written unless all rows are valid. An answer contradicting another annotator's
+    label in force opens a dispute under ``store.conflicts: refuse`` (listed by
+    ``project.status()``; the label in force stays) unless ``force=True`` (the newest wins)."""
     records: Iterable[Any]
     if hasattr(labels, "to_dict") and hasattr(labels, "columns"):  # a DataFrame
         records = labels.to_dict("records")

@@ -36,7 +36,7 @@ def _log(msg: str) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from eada.demo import demo_table_rows, run_demo
+    from eada.demo import demo_notes, demo_table_rows, run_demo
 
     out = Path(args.out)
     results = run_demo(seeds=args.seeds, out=out, progress=_log)
@@ -52,6 +52,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     for row in demo_table_rows(results):
         table.add_row(*row)
     console.print(table)
+    for note in demo_notes(results):  # what this run's table shows that one would not expect
+        console.print(f"note: {note}", soft_wrap=True, highlight=False)
     console.print(f"results: {out / 'results.json'}\nfigure:  {out / results['figure']}")
     return 0
 
@@ -228,6 +230,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
         data_root=Path(args.data_root) if args.data_root else None,
         figures_dir=Path(args.figures) if args.figures else None,
     )
+    from eada.reports import collect
+
+    for line in collect.data_changes(collect.load_report_input(Path(args.run_dir))):
+        sys.stderr.write(f"note: the data changed since the run: {line}\n")
     console.print(f"report: {out}")
     return 0
 
@@ -331,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
     cs.add_argument("preset")
     cs.add_argument("--method", default=None)
     cs.set_defaults(func=_cmd_config_show)
+    from eada.store.cli import add_config_set
+
+    add_config_set(csub)  # eada config set --store DIR store.KEY=VALUE
 
     from eada.data.commands import add_data_commands
 

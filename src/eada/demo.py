@@ -142,3 +142,115 @@ def demo_table_rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         paper = "-" if s["paper_error"] is None else f"{s['paper_error']:.1f}"
         rows.append((s["label"], f"{s['mean_error']:.1f} ± {s['std_error']:.1f}", paper))
     return rows
+
+
+#: A seed is an outlier when its error is this many points above the worst of the other seeds
+#: and more than three times their range (at least 3 seeds).
+OUTLIER_POINTS = 5.0
+#: Before the first labels, an error at least this high (%) is called a cold start.
+COLD_START_ERROR = 50.0
+
+
+def _outlier_seed(errors: list[float]) -> int | None:
+    """Index of the one seed far above the others (see :data:`OUTLIER_POINTS`), or None."""
+    if len(errors) < 3:
+        return None
+    worst = max(range(len(errors)), key=errors.__getitem__)
+    others = [e for i, e in enumerate(errors) if i != worst]
+    gap = errors[worst] - max(others)
+    return worst if gap > max(OUTLIER_POINTS, 3 * (max(others) - min(others))) else None
+
+
+def demo_notes(results: dict[str, Any]) -> list[str]:
+    """One line per surprising cell of the demo's table, computed from this run's numbers.
+
+    * a mean pulled up by one seed far from the others (:func:`_outlier_seed`), with the error
+      before the first labels when that was a cold start (at least :data:`COLD_START_ERROR` %);
+    * for EADA with such a seed, whether its paired ablation without ``L_fea`` fails on the same
+      seed (then the selection, not the alignment loss, is where it fails) or not;
+    * two methods whose means are in the opposite order of the paper's, with how many seeds
+      (the same data for both) each one wins;
+    * a mean more than 5 points and two standard deviations away from the paper's.
+
+    Example:
+        >>> r = {"seeds": [0, 1, 2], "strategies": {
+        ...     "random": {"label": "Random", "errors": [1.0, 2.0, 1.5], "mean_error": 1.5,
+        ...                "std_error": 0.5, "round_errors": [[], [], []], "paper_error": 8.5},
+        ...     "eada": {"label": "EADA", "errors": [0.5, 20.0, 0.6], "mean_error": 7.0,
+        ...              "std_error": 11.2, "round_errors": [[9.0], [90.0], [8.0]],
+        ...              "paper_error": 1.0}}}
+        >>> for line in demo_notes(r):
+        ...     print(line.split(": ")[0])
+        EADA's mean (7.0) is pulled up by seed 1
+        EADA's mean error is above Random's (7.0 against 1.5; the paper
+        Random's error (1.5) is 7.0 points below the paper's 8.5
+    """
+    strategies: dict[str, Any] = results["strategies"]
+    seeds: list[int] = list(results["seeds"])
+    notes: list[str] = []
+    outliers: dict[str, int] = {}
+    for name, s in strategies.items():
+        errors = list(s["errors"])
+        k = _outlier_seed(errors)
+        if k is None:
+            continue
+        outliers[name] = k
+        others = [e for i, e in enumerate(errors) if i != k]
+        line = (
+            f"{s['label']}'s mean ({s['mean_error']:.1f}) is pulled up by seed {seeds[k]}: "
+            f"{errors[k]:.1f} % error against {min(others):.1f}-{max(others):.1f} % on the "
+            "other seeds"
+        )
+        before = s.get("round_errors", [[]] * len(errors))[k]
+        if before and before[0] >= COLD_START_ERROR:
+            line += (
+                f"; a cold start: before the first labels the model was wrong on "
+                f"{before[0]:.0f} % of the target"
+            )
+        notes.append(line + ".")
+    if "eada" in outliers and "eada_no_fea" in strategies:
+        k = outliers["eada"]
+        ablation = strategies["eada_no_fea"]
+        e_abl, e_eada = ablation["errors"][k], strategies["eada"]["errors"][k]
+        if outliers.get("eada_no_fea") == k:
+            notes.append(
+                f"{ablation['label']} fails on seed {seeds[k]} too ({e_abl:.1f} % against "
+                f"EADA's {e_eada:.1f} %): there the selection, not the alignment loss, is slow."
+            )
+        else:
+            notes.append(
+                f"{ablation['label']} does not fail on seed {seeds[k]} ({e_abl:.1f} % against "
+                f"EADA's {e_eada:.1f} %): there the alignment loss costs EADA."
+            )
+    with_paper = [n for n, s in strategies.items() if s.get("paper_error") is not None]
+    for i, a in enumerate(with_paper):
+        for b in with_paper[i + 1 :]:
+            sa, sb = strategies[a], strategies[b]
+            paper_order = sa["paper_error"] < sb["paper_error"]
+            ours = sa["mean_error"] < sb["mean_error"]
+            if sa["mean_error"] == sb["mean_error"] or paper_order == ours:
+                continue
+            lo, hi = (sa, sb) if paper_order else (sb, sa)  # the paper's better one first
+            pairs = list(zip(lo["errors"], hi["errors"], strict=True))  # seed by seed
+            wins = sum(round(x, 1) < round(y, 1) for x, y in pairs)
+            ties = sum(round(x, 1) == round(y, 1) for x, y in pairs)
+            level = f" (level on {ties})" if ties else ""
+            notes.append(
+                f"{lo['label']}'s mean error is above {hi['label']}'s ({lo['mean_error']:.1f} "
+                f"against {hi['mean_error']:.1f}; the paper: {lo['paper_error']:.1f} against "
+                f"{hi['paper_error']:.1f}), {'yet' if 2 * wins > len(lo['errors']) else 'and'} "
+                f"{lo['label']} is below {hi['label']} on {wins} of {len(lo['errors'])} seeds"
+                f"{level}."
+            )
+    for s in strategies.values():
+        paper = s.get("paper_error")
+        if paper is None or len(s["errors"]) < 2:
+            continue
+        diff = s["mean_error"] - paper
+        if abs(diff) > max(5.0, 2 * s["std_error"]):
+            notes.append(
+                f"{s['label']}'s error ({s['mean_error']:.1f}) is {abs(diff):.1f} points "
+                f"{'above' if diff > 0 else 'below'} the paper's {paper:.1f}: the toy's "
+                "parameters, which the paper leaves open, are fixed once in eada.hparams."
+            )
+    return notes

@@ -53,6 +53,11 @@ def energy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
     EADA's models output energies directly; use this to score a model trained with the usual
     "higher logit = more likely" convention.
+
+    Example:
+        >>> import torch
+        >>> energy_from_logits(torch.tensor([[2.0, -1.0]]))
+        tensor([[-2.,  1.]])
     """
     return -logits
 
@@ -70,6 +75,14 @@ def free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
 
     Returns:
         ``(N,)`` free energies.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0], [2.0, 2.0, 0.5]])
+        >>> free_energy(E)  # -log(e^0 + e^-1 + e^-3), -log(2 e^-2 + e^-0.5)
+        tensor([-0.3490,  0.1310])
+        >>> free_energy(E, tau=2.0)  # -(1/2) log sum_y exp(-2 E(x, y))
+        tensor([-0.0646,  0.4525])
     """
     _check_energies(energies)
     if tau <= 0:
@@ -289,6 +302,11 @@ def mvsm(energies: torch.Tensor) -> torch.Tensor:
 
     Returns:
         ``(N,)`` MvSM values.
+
+    Example:
+        >>> import torch
+        >>> mvsm(torch.tensor([[0.0, 1.0, 3.0], [2.0, 2.0, 0.5]]))  # 0 - 1, 0.5 - 2
+        tensor([-1.0000, -1.5000])
     """
     _check_energies(energies)
     if energies.shape[1] < 2:
@@ -317,6 +335,14 @@ def energy_nll(
         targets: ``(N,)`` class ids.
         tau: reverse temperature, ``> 0``.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+
+    Example:
+        >>> import torch
+        >>> E = torch.tensor([[0.0, 1.0, 3.0], [2.0, 2.0, 0.5]])
+        >>> energy_nll(E, torch.tensor([0, 2]), reduction="none")  # E(x, y) - F(x)
+        tensor([0.3490, 0.3690])
+        >>> energy_nll(E, torch.tensor([0, 2]))
+        tensor(0.3590)
     """
     _check_energies(energies)
     if tau == 1.0:
@@ -475,6 +501,14 @@ class DeltaEstimator:
         mode: ``"uniform"`` or ``"momentum"``.
         momentum: the fixed ``lam`` for ``mode="momentum"``, in ``[0, 1)``.
         seed: seed of the generator drawing ``lam``.
+
+    Example:
+        >>> import torch
+        >>> delta = DeltaEstimator(mode="momentum", momentum=0.9)
+        >>> delta.update(torch.tensor([-2.0, -4.0]))  # the first batch sets Delta
+        -3.0
+        >>> round(delta.update(torch.tensor([-1.0])), 6)  # 0.9 * -3.0 + 0.1 * -1.0
+        -2.8
     """
 
     def __init__(
@@ -584,7 +618,7 @@ def alignment_runaway(
         f"Delta fell {path} and the alignment loss rose {a[0]:.1f} -> {a[-1]:.1f} over the last "
         f"{span} {unit}: L_fea is scaling all energies up instead of aligning the domains. "
         "Lower train.gamma (on MNIST->MNIST-M, 0.01 ran away under Adam and 0.001 trained "
-        "stably; BENCHMARKS.md)."
+        "stably; docs/results/lfea-collapse.md)."
     )
 
 
@@ -596,7 +630,7 @@ class AlignmentDriftWarning(RuntimeWarning):
 #: what the drift message advises by default (the classification trainer's options)
 DRIFT_REMEDY = (
     "The normalized alignment gives that direction no gradient; else lower train.gamma "
-    "(BENCHMARKS.md, 'The drift warning')."
+    "(docs/results/drift-warning.md)."
 )
 
 

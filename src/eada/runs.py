@@ -109,6 +109,16 @@ def write_bytes_atomic(path: Path, data: bytes) -> Path:
     ``path`` is the old file or the new one, never a part; a failed write (a full disk) leaves
     no temporary file and raises an ``OSError`` naming ``path``. The temporary files of
     killed writers of ``path`` are removed first (:func:`remove_stale_staging`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(
+            errno.EISDIR, "is a folder; name the file to write (e.g. FOLDER/report.html)", str(path)
+        )
+    blocked = next((p for p in path.absolute().parents if p.exists()), None)
+    if blocked is not None and not blocked.is_dir():
+        raise NotADirectoryError(
+            errno.ENOTDIR, f"its parent {blocked} is a file, not a folder", str(path)
+        )
     remove_stale_staging(path)
     tmp = tmp_name(path)
     try:

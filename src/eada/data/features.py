@@ -116,13 +116,66 @@ def read_feature_file(
 
 def read_array_file(path: Path) -> dict[str, np.ndarray]:
     """The named arrays of a ``.npz`` (no pickles) or ``.mat`` file (MATLAB's ``__`` headers
-    left out)."""
+    left out), or a :class:`ValueError` naming the file when it is truncated, damaged or
+    holds an object array (which would need a pickle).
+
+    Raises:
+        ValueError: an unreadable file, named with the reason.
+    """
     if path.suffix.lower() == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
+        return _readable(path, lambda: _npz_arrays(path))
     from scipy.io import loadmat
 
-    return {k: v for k, v in loadmat(path).items() if not k.startswith("__")}
+    arrays = _readable(path, lambda: loadmat(path))
+    out = {k: v for k, v in arrays.items() if not k.startswith("__")}
+    for k, v in out.items():
+        if isinstance(v, np.ndarray) and v.dtype == object:
+            raise ValueError(
+                f"{path}: array {k!r} holds MATLAB cells or structs (objects), not numbers or "
+                "text; save it as a numeric matrix (ids as a char or string array)"
+            )
+    return out
+
+
+def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def load_npy(path: Path) -> np.ndarray:
+    """A ``.npy`` array without pickles, or a :class:`ValueError` naming the file."""
+    return _readable(path, lambda: np.load(path, allow_pickle=False))
+
+
+def _readable(path: Path, read: Any) -> Any:
+    """``read()``, with what numpy, zipfile and scipy raise on a bad file turned into one
+    :class:`ValueError` that names ``path`` (an :class:`OSError` of the file system, e.g. a
+    permission, stays as it is: it names the file itself)."""
+    import zipfile
+    import zlib
+
+    try:
+        return read()
+    except (PermissionError, FileNotFoundError, IsADirectoryError):
+        raise
+    except ValueError as err:
+        if "allow_pickle" in str(err) or "Object arrays" in str(err):
+            raise ValueError(
+                f"{path}: holds an object array (Python objects need a pickle, which eada "
+                "never loads); save ids and paths as text arrays (np.array(ids, dtype=str))"
+            ) from None
+        raise ValueError(f"{path}: cannot be read as an array file ({err})") from None
+    except (zipfile.BadZipFile, EOFError, zlib.error, OSError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{path}: truncated or damaged, cannot be read ({type(err).__name__}: {err}); "
+            "write it again"
+        ) from None
+    except Exception as err:  # scipy's MatReadError and friends
+        if type(err).__module__.startswith("scipy"):
+            raise ValueError(
+                f"{path}: truncated or damaged MATLAB file ({err}); write it again"
+            ) from None
+        raise
 
 
 def _read_arrays(
@@ -133,7 +186,7 @@ def _read_arrays(
     y: Any = None
     fkey, lkey = "array", "labels"
     if suffix == ".npy":
-        x = np.load(path, allow_pickle=False)
+        x = load_npy(path)
         if labels is None:
             raise ValueError(f"{path}: a .npy feature file needs a separate labels file")
     elif suffix in (".npz", ".mat"):
@@ -198,6 +251,8 @@ def domain_statistics(x: np.ndarray, how: Normalize) -> dict[str, Any]:
     """
     if how not in ("zscore", "l1_zscore"):
         return {"normalize": how}
+    if len(x) == 0:
+        raise ValueError(f"no rows to compute the {how} statistics of: the domain is empty")
     if how == "l1_zscore":
         x = _l1_rows(x)
     return {"normalize": how, "mean": x.mean(axis=0).tolist(), "std": x.std(axis=0).tolist()}
@@ -225,6 +280,8 @@ def normalize_features(
         if how == "l2":
             return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
         return x
+    if len(x) == 0 and stats is None:  # no statistics of no rows (the empty domain is refused
+        return x  # by name where the task is checked, without numpy's warnings first)
     if stats is None:
         stats = domain_statistics(x, how)
     if stats.get("normalize") != how or len(stats.get("mean", ())) != x.shape[1]:

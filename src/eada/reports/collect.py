@@ -330,3 +330,29 @@ def mean_free_energy_gap(snapshot: dict[str, Any]) -> float:
     """Mean target minus mean source free energy of one snapshot (the "free energy bias")."""
     fe = snapshot["free_energy"]
     return float(np.mean(fe["target"]) - np.mean(fe["source"]))
+
+
+def data_changes(inp: ReportInput) -> list[str]:
+    """What changed in the data of the report's runs since they ran: per run group, the input
+    files whose digest differs from the one its run records hold
+    (:func:`eada.runs.input_differences` against :func:`eada.data.identity.data_inputs` now),
+    as ``"TASK METHOD: target /d/t.npz: sha256:.. -> sha256:.. (content changed)"`` lines;
+    an input that cannot be read now is named as such. Runs recorded without their inputs
+    (older runs, benchmark lines) are not checked."""
+    from eada.config import parse_config
+    from eada.data.identity import data_inputs
+    from eada.runs import input_differences
+
+    out: list[str] = []
+    for g in inp.groups:
+        stored = next((r.get("inputs") for r in g.runs if r.get("inputs") is not None), None)
+        if stored is None:
+            continue
+        try:
+            cfg = parse_config(g.config, f"{g.path}")
+            now = data_inputs(cfg.data, cfg.model)
+        except (OSError, ValueError) as err:
+            out.append(f"{g.task} {g.method}: the data cannot be read now ({err})")
+            continue
+        out += [f"{g.task} {g.method}: {d}" for d in input_differences(stored, now)]
+    return out

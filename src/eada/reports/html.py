@@ -617,6 +617,14 @@ def build_report(
         f"{len(inp.groups)} method group(s), {sum(len(g.runs) for g in inp.groups)} run(s); "
         f"generated {_dt.datetime.now().isoformat(timespec='seconds')}</p>",
     ]
+    changed = collect.data_changes(inp)
+    if changed:
+        parts.append(
+            '<p class="warn"><b>The data changed since these runs ran</b>: the results below '
+            "are of the data as it was then.</p><ul>"
+            + "".join(f"<li>{_e(c)}</li>" for c in changed)
+            + "</ul>"
+        )
     if meta:
         git = meta.get("git") or {}
         parts.append(

@@ -230,6 +230,57 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
         who = [[k, v["labeled"], v["skipped"]] for k, v in st["annotators"].items()]
         parts.append("<h3>Who labeled what (answers in force)</h3>")
         parts.append(_table(["annotator", "labeled", "skipped"], who))
+        parts.append("<h3>Disagreements between annotators</h3>")
+        pol = st["conflicts"]
+        parts.append(
+            f'<p class="note">policy <code>store.conflicts: {_e(pol["policy"])}</code>'
+            + (f" (ties: {_e(pol['tie'])})" if pol["policy"] == "majority" else "")
+            + (f"; reviewer {_e(pol['reviewer'])}" if pol["reviewer"] else "")
+            + "</p>"
+        )
+        if st["disputes"]:
+            parts.append(
+                _table(
+                    ["sample", "file", "answers (annotator: answer, where)", "in force"],
+                    [
+                        [
+                            d["sample_id"],
+                            d["path"] or d.get("external_id") or "-",
+                            "; ".join(
+                                f"{a}: {ans}"
+                                + (f" ({d['origins'][a]})" if d["origins"].get(a) else "")
+                                for a, ans in d["answers"].items()
+                            ),
+                            d["in_force"] or "-",
+                        ]
+                        for d in st["disputes"]
+                    ],
+                )
+            )
+        else:
+            parts.append("<p>No open dispute.</p>")
+        if st["agreement"]:
+            parts.append(
+                _table(
+                    [
+                        "annotators",
+                        "samples both answered",
+                        "same answer",
+                        "agreement %",
+                        "Cohen's kappa",
+                    ],
+                    [
+                        [
+                            " / ".join(a["annotators"]),
+                            a["n"],
+                            a["agree"],
+                            f"{a['percent']:.1f}",
+                            "undefined" if a["kappa"] is None else f"{a['kappa']:.3f}",
+                        ]
+                        for a in st["agreement"]
+                    ],
+                )
+            )
         if st["skipped_by_reason"]:
             parts.append("<h3>Skipped samples by reason</h3>")
             reasons = [[k, v] for k, v in st["skipped_by_reason"].items()]

@@ -14,7 +14,7 @@ import torch
 from eada.data.tasks import Task
 from eada.store.config import StoreOptions, build_config
 from eada.store.data import load_project_data, row_hashes
-from eada.store.db import Store, StoreError, how
+from eada.store.db import Store, StoreError, how, q
 from eada.store.targets import sample_info
 from eada.store.unlabeled import hide_guessed_accuracy
 from eada.train import round_plan
@@ -96,7 +96,7 @@ class ProjectBase:
             raise StoreError(
                 f"{len(ch.vanished)} registered target file(s) vanished (first: "
                 f"{ch.vanished[0]}): leave them out of the pool with "
-                + how(f"eada target scan --store {self.folder}", "project.scan_target()")
+                + how(f"eada target scan --store {q(self.folder)}", "project.scan_target()")
             )
         if not ch.new and self.store.get_meta("pool_scanned") is None:
             return None

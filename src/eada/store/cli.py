@@ -23,6 +23,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from shlex import quote
 from typing import Any
 
 from rich.console import Console
@@ -30,6 +31,7 @@ from rich.table import Table
 
 console = Console()
 FALLBACK_STORE = "eada-project"
+MAX_LISTED = 20  # disputes printed one a line (the JSON and the report hold them all)
 DEFAULT_STORE = os.environ.get("EADA_STORE", FALLBACK_STORE)  # as the help shows it
 
 
@@ -50,13 +52,15 @@ def _say_next(command: str) -> None:
 def next_command(action: str, store: str, proj: Any = None) -> str:
     """The full command (one can paste it) for the schedule's next ``action`` (``label``,
     ``query``, ``train``, ``done``) of the project at ``store``."""
-    s = store if " " not in store else f"'{store}'"
+    s = quote(store)
     if action == "label":
         rounds = proj.store.active_rounds() if proj is not None else []
-        f = f"{s}/exports/round-{rounds[-1]['number']:03d}.csv" if rounds else "FILE"
+        f = quote(f"{store}/exports/round-{rounds[-1]['number']:03d}.csv") if rounds else "FILE"
         return f"eada label import {f} --store {s}   (once its label column is filled)"
     if action == "done":
-        return f"eada export --store {s} --out {s}/final   (the schedule is complete)"
+        return (
+            f"eada export --store {s} --out {quote(store + '/final')}   (the schedule is complete)"
+        )
     return f"eada {action} --store {s}"
 
 
@@ -119,7 +123,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
         f"{st['n_target']} {labeled} target samples, {len(proj.classes)} classes; "
         f"plan: {len(proj.plan())} rounds"
     )
-    _say_next(f"eada train --store {args.store}")
+    _say_next(f"eada train --store {quote(args.store)}")
     return 0
 
 
@@ -130,10 +134,23 @@ def _cmd_query(args: argparse.Namespace) -> int:
         if args.budget is not None:
             raise ValueError("--audit N draws N random samples; drop --budget")
         out = proj.audit(args.audit)
-        console.print(
-            f"round {out['round']}: {out['selected']} samples drawn uniformly at random from a "
-            f"pool of {out['pool']} (audit round)"
-        )
+        if out["reexported"]:
+            _say(
+                f"round {out['round']}: the audit round recorded by an interrupted `eada query "
+                "--audit` is exported now (no second audit is drawn)"
+            )
+        else:
+            minus = ""
+            if out.get("excluded_pending"):
+                minus = (
+                    f" (the unlabeled pool minus the {out['excluded_pending']} samples round "
+                    f"{out['pending_round']} has out for labeling)"
+                )
+            _say(
+                f"round {out['round']}: {out['selected']} samples drawn uniformly at random from "
+                f"a pool of {out['pool']}{minus} (audit round; blind: no model guess in its "
+                "files or tasks)"
+            )
     else:
         out = proj.query(budget=args.budget)
         if out["reexported"]:
@@ -147,7 +164,8 @@ def _cmd_query(args: argparse.Namespace) -> int:
     if out.get("labelstudio_error"):
         _log(
             f"warning: the round is recorded and exported, but Label Studio did not take it: "
-            f"{out['labelstudio_error']}; retry with `eada labelstudio push --store {args.store}`"
+            f"{out['labelstudio_error']}; retry with "
+            f"`eada labelstudio push --store {quote(args.store)}`"
         )
     for k, v in out["files"].items():
         console.print(f"  {k:<20} {v}")
@@ -155,12 +173,16 @@ def _cmd_query(args: argparse.Namespace) -> int:
         doc = json.loads(Path(out["files"]["json"]).read_text())
         root = doc.get("label_studio_document_root")
         if root is not None:  # None: feature rows (no files served), or no safe folder
-            console.print(f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={root}")
+            console.print(
+                f"  Label Studio: LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={quote(root)}",
+                soft_wrap=True,
+                highlight=False,
+            )
         elif doc.get("label_studio_note"):
             console.print(f"  Label Studio: {doc['label_studio_note']}")
     if "csv" in out["files"]:
         _say_next(
-            f"eada label import {out['files']['csv']} --store {args.store}   "
+            f"eada label import {quote(out['files']['csv'])} --store {quote(args.store)}   "
             "(once its label column is filled)"
         )
     return 0
@@ -180,8 +202,8 @@ def _cmd_target_scan(args: argparse.Namespace) -> int:
     tail = (
         ""
         if rows
-        else f", {len(out['bad'])} unreadable (not registered); features extracted for "
-        f"{out['extracted']} image(s)"
+        else f", {len(out['bad'])} left out (unreadable, or outside the data roots); features "
+        f"extracted for {out['extracted']} image(s)"
     )
     console.print(
         f"target scan of {args.store}: {len(out['new'])} new {'row' if rows else 'file'}(s) "
@@ -192,7 +214,7 @@ def _cmd_target_scan(args: argparse.Namespace) -> int:
     for p in out["vanished"]:
         console.print(f"  vanished: {p}", soft_wrap=True, highlight=False)
     for p, why in ({} if rows else out["bad"]).items():
-        console.print(f"  unreadable: {p} ({why})", soft_wrap=True, highlight=False)
+        console.print(f"  not registered: {p} ({why})", soft_wrap=True, highlight=False)
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 
@@ -200,9 +222,34 @@ def _cmd_target_scan(args: argparse.Namespace) -> int:
 def _cmd_label_import(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.import_labels(args.file, args.annotator, args.allow_unqueried, args.force)
-    console.print(f"imported {args.file} ({out['format']}): {import_summary(out)}")
+    _say(f"imported {args.file} ({out['format']}): {import_summary(out)}")
+    print_disputes(out["disputes"], args.store)
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
+
+
+def _say(text: str) -> None:
+    """One unwrapped line on stdout (file names and annotators are never split)."""
+    console.print(text, soft_wrap=True, highlight=False, markup=False)
+
+
+def print_disputes(disputes: list[dict[str, Any]], store: str, head: str = "disputed") -> None:
+    """Each open dispute on one line (sample, file, every annotator's answer and where it
+    came from) and how a policy settles them."""
+    from eada.store.agreement import dispute_line
+
+    if not disputes:
+        return
+    _say(
+        f"{len(disputes)} {head} sample(s): the annotators disagree; they stay unanswered "
+        "(or keep the label in force) until they agree, a reviewer answers, or a policy "
+        f"settles them: eada config set --store {quote(store)} store.conflicts=majority "
+        "(or newest-wins, or reviewer with store.reviewer=NAME)"
+    )
+    for d in disputes[:MAX_LISTED]:
+        _say(f"  {dispute_line(d)}")
+    if len(disputes) > MAX_LISTED:
+        _say(f"  ... and {len(disputes) - MAX_LISTED} more (eada status --json lists them all)")
 
 
 def import_summary(out: dict[str, Any]) -> str:
@@ -214,7 +261,11 @@ def import_summary(out: dict[str, Any]) -> str:
     text = ", ".join(parts)
     if out.get("replaced_other_annotators"):
         n_forced = out["replaced_other_annotators"]
-        text += f" ({n_forced} replaced another annotator's label, forced)"
+        text += f" ({n_forced} replaced another annotator's label by the conflicts policy)"
+    if out.get("settled"):
+        text += f", {out['settled']} disagreement(s) settled"
+    if out.get("disputes"):
+        text += f", {len(out['disputes'])} disputed"
     n = out["pending"]
     verb = "sample awaits" if n == 1 else "samples await"
     return text + f"; {n} queried {verb} an answer"
@@ -249,12 +300,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_ls_connect(args: argparse.Namespace) -> int:
     from eada.store import labelstudio
 
-    out = labelstudio.connect(_project(args), args.url, args.project, args.title)
-    console.print(
-        f"connected {args.store} to Label Studio project {out['project']} at {out['url']} "
-        f"(local-files storage {out['storage']}, document root {out['document_root']}); "
-        f"rounds pushed: {out['pushed'] or 'none yet'}"
+    out = labelstudio.connect(
+        _project(args), args.url, args.project, args.title, root=args.root, overlap=args.overlap
     )
+    storages = ", ".join(f"{i} ({p})" for p, i in (out.get("storage_paths") or {}).items())
+    _say(
+        f"connected {args.store} to Label Studio project {out['project']} at {out['url']} "
+        f"(local-files storage {storages or out['storage']}, document root "
+        f"{out['document_root']}"
+        + (f", {out['overlap']} annotators a task" if out.get("overlap") else "")
+        + f"); rounds pushed: {out['pushed'] or 'none yet'}"
+    )
+    if out["document_root"]:
+        _say(
+            "  Label Studio must run with LABEL_STUDIO_LOCAL_FILES_SERVING_ENABLED=true and "
+            f"LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT={quote(out['document_root'])}"
+        )
     console.print(f"  open {out['url']}/projects/{out['project']}/data")
     return 0
 
@@ -271,7 +332,8 @@ def _cmd_ls_pull(args: argparse.Namespace) -> int:
     from eada.store import labelstudio
 
     out = labelstudio.pull(_project(args), force=args.force)
-    console.print(f"pulled {out['file']}: {import_summary(out)}")
+    _say(f"pulled {out['file']}: {import_summary(out)}")
+    print_disputes(out["disputes"], args.store)
     return 0
 
 
@@ -321,6 +383,14 @@ def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
                 f"{who}: {c['labeled']} labeled, {c['skipped']} skipped"
                 for who, c in st["annotators"].items()
             )
+        )
+    if st.get("disputes"):
+        print_disputes(st["disputes"], store)
+    for a in st.get("agreement") or []:
+        kappa = "undefined" if a["kappa"] is None else f"{a['kappa']:.3f}"
+        _say(
+            f"agreement {a['annotators'][0]} / {a['annotators'][1]}: {a['agree']}/{a['n']} "
+            f"samples answered alike ({a['percent']:.1f}%), Cohen's kappa {kappa}"
         )
     h = Table(title="accuracy history")
     for col in ("epoch", "labeled", "target %", "heldout %"):
@@ -392,6 +462,40 @@ def _cmd_export(args: argparse.Namespace) -> int:
     for k, v in files.items():
         console.print(f"{k:<20} {v}")
     return 0
+
+
+def _cmd_config_set(args: argparse.Namespace) -> int:
+    import yaml
+
+    from eada.config import ConfigError
+
+    updates: dict[str, Any] = {}
+    for item in args.pairs:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("store."):
+            raise ConfigError(f"{item!r}: expected store.KEY=VALUE (e.g. store.conflicts=majority)")
+        updates[key[len("store.") :]] = yaml.safe_load(value) if value else None
+    proj = _project(args)
+    out = proj.set_options(updates)
+    _say(f"project {args.store}: " + ", ".join(f"store.{k}={out['store'][k]}" for k in updates))
+    got = out["settled"]
+    if got.get("settled"):
+        _say(f"{got['settled']} dispute(s) settled by the new policy")
+    print_disputes(proj.status()["disputes"], args.store, head="still disputed")
+    return 0
+
+
+def add_config_set(csub: Any) -> None:
+    """``eada config set --store DIR store.KEY=VALUE ...`` under ``eada config``."""
+    p = csub.add_parser(
+        "set",
+        help="change the store: section of a project after init (store.conflicts, "
+        "store.conflict_tie, store.reviewer, store.label_studio_root, "
+        "store.near_duplicate_threshold)",
+    )
+    p.add_argument("pairs", nargs="+", metavar="store.KEY=VALUE")
+    p.add_argument("--store", default=None, help="project folder (as for the other commands)")
+    p.set_defaults(func=_cmd_config_set)
 
 
 def add_store_commands(sub: Any) -> None:
@@ -474,7 +578,7 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="let a label replace ANOTHER annotator's label (refused and named otherwise)",
+        help="let a label replace ANOTHER annotator's label (else a dispute: eada status)",
     )
     p.set_defaults(func=_cmd_label_import)
 
@@ -511,6 +615,22 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument("--url", required=True, help="the Label Studio server, http://HOST:PORT")
     p.add_argument("--project", type=int, default=None, help="use this existing project id")
     p.add_argument("--title", default=None, help="title of the project to create")
+    p.add_argument(
+        "--root",
+        default=None,
+        metavar="DIR",
+        help="the folder Label Studio serves files from (its "
+        "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT): recorded as store.label_studio_root; needed "
+        "where the data roots share no safe folder",
+    )
+    p.add_argument(
+        "--overlap",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ask N annotators for every task (Label Studio's overlap); their disagreements "
+        "become disputes, settled by store.conflicts",
+    )
     p.set_defaults(func=_cmd_ls_connect)
     p = lssub.add_parser("push", help="send the rounds Label Studio has not received yet")
     store_arg(p)
@@ -520,7 +640,7 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument(
         "--force",
         action="store_true",
-        help="let an annotation replace ANOTHER annotator's label (refused and named otherwise)",
+        help="let an annotation replace ANOTHER annotator's label (else a dispute: eada status)",
     )
     p.set_defaults(func=_cmd_ls_pull)
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from eada.config import (
     DATA_PATH_KEYS,
@@ -19,6 +26,24 @@ from eada.config import (
     resolve_config_paths,
 )
 from eada.store.roots import unsafe_document_root
+
+
+def check_annotator(name: str, what: str = "--annotator") -> str:
+    """An annotator's name as given, or a :class:`ValueError` naming ``what`` when it is
+    empty or holds a control character (a newline would forge a line of ``eada status``).
+
+    >>> check_annotator("alice")
+    'alice'
+    """
+    if not name.strip():
+        raise ValueError(f"{what}: an annotator's name may not be empty")
+    bad = [c for c in name if ord(c) < 32 or ord(c) == 127]
+    if bad:
+        raise ValueError(
+            f"{what}: the annotator's name {name!r} holds a control character ({bad[0]!r}); "
+            "use one line of printable text"
+        )
+    return name
 
 
 class FolderData(BaseModel):
@@ -72,10 +97,17 @@ class StoreOptions(BaseModel):
             (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``); default: the deepest folder holding
             every registered data root. Never ``/`` nor a parent of a home folder (an
             error; a derived one that would be is not written: set this key).
-        conflicts: what a label that would replace ANOTHER annotator's label does:
-            ``refuse`` (default: the import names both annotators and labels, exits 2 and
-            changes nothing unless ``--force``) or ``newest-wins`` (it replaces it; the
-            history keeps both).
+        conflicts: what settles a sample whose annotators disagree (:mod:`eada.store.agreement`):
+            ``refuse`` (default: nobody wins; the sample is disputed and listed until the
+            annotators agree, the policy changes or a reviewer answers; a label in force stays
+            in force while disputed), ``newest-wins``, ``majority``
+            (ties: ``conflict_tie``) or ``reviewer`` (the answer of ``reviewer`` wins).
+            Every answer is kept (``votes``) whatever wins.
+        conflict_tie: a ``majority`` tie: ``dispute`` (stays disputed), ``newest-wins`` or
+            ``reviewer``.
+        reviewer: the annotator whose answer settles a dispute under ``conflicts: reviewer``
+            (or a ``majority`` tie under ``conflict_tie: reviewer``), as imports name them
+            (``--annotator NAME``, ``label-studio:EMAIL``).
         near_duplicate_threshold: two samples of one round whose features have a cosine
             similarity at or above this are flagged as near-duplicates in the export and the
             report (never removed). Default (``None``): by what the features are, from
@@ -95,8 +127,21 @@ class StoreOptions(BaseModel):
 
     target: Literal["auto", "labeled", "unlabeled"] = "auto"
     label_studio_root: Path | None = None
-    conflicts: Literal["refuse", "newest-wins"] = "refuse"
+    conflicts: Literal["refuse", "newest-wins", "majority", "reviewer"] = "refuse"
+    conflict_tie: Literal["dispute", "newest-wins", "reviewer"] = "dispute"
+    reviewer: str | None = None
     near_duplicate_threshold: float | None = Field(None, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _reviewer_named(self) -> StoreOptions:
+        needs = self.conflicts == "reviewer" or (
+            self.conflicts == "majority" and self.conflict_tie == "reviewer"
+        )
+        if needs and not (self.reviewer or "").strip():
+            raise ValueError("store.reviewer must name the reviewing annotator")
+        if self.reviewer is not None:
+            check_annotator(self.reviewer, "store.reviewer")
+        return self
 
     @field_validator("label_studio_root")
     @classmethod

@@ -90,7 +90,21 @@ def _decode_domain(
 ) -> tuple[TensorDomain, list[Path]]:
     """Decoded images (``size``: a :class:`FolderData` or ``image_size, channels``)."""
     image_size, channels = (size[0].image_size, size[0].channels) if len(size) == 1 else size
-    x = torch.stack([decode_image(p, image_size, channels) for p in paths]).contiguous()
+    decoded, bad = [], []
+    for p in paths:  # every unreadable file is named, not only the first
+        try:
+            decoded.append(decode_image(p, image_size, channels))
+        except ValueError as err:
+            bad.append(str(err))
+    if bad:
+        shown = "\n".join(f"  {b}" for b in bad[:20])
+        more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
+        raise ValueError(
+            f"{len(bad)} corrupt or unreadable image(s) in {name}; remove or replace them:\n"
+            + shown
+            + more
+        )
+    x = torch.stack(decoded).contiguous()
     y = torch.tensor(labels, dtype=torch.long)
     return TensorDomain(name, x, y, classes), paths
 

@@ -6,8 +6,8 @@ point leaves the database at its last committed state (SQLite's write-ahead log 
 Labels are never updated in place: a correction is a new row whose ``supersedes`` points at the
 row it replaces, so the whole labeling history stays readable.
 
-Schema version 2 (``meta.schema_version``; a version-1 store is migrated when it is first
-opened for writing, see :func:`migrate_v1`):
+Schema version 3 (``meta.schema_version``; an older store is migrated when it is first
+opened for writing, see :meth:`Store.migrate`):
 
 =============== ==========================================================================
 table           what
@@ -22,6 +22,12 @@ round_samples   per-sample scores of the whole pool a round scored; ``rank`` of 
 labels          sample, class, annotator, time, round, source (human/simulated), supersedes;
                 a row with ``skip_reason`` and no class is a *skip* (the sample is unusable)
 imports         one label import: file, its SHA-256, format, counts (skips included)
+votes           every answer each annotator gave (label or skip), where it came from (a file's
+                row, a Label Studio task id): agreement between annotators and disputes
+                are read from the newest vote of each annotator for a sample
+disputes        a sample whose annotators disagree: opened when an import cannot settle it
+                (``store.conflicts``), ``resolved`` (time) and ``how`` once a policy, a
+                reviewer or agreeing answers settle it
 checkpoints     trainer checkpoint files with their SHA-256, epoch, segment and metrics
 =============== ==========================================================================
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import shlex
 import sqlite3
 import sys
 import time
@@ -39,7 +46,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_NAME = "eada.sqlite"
 
 _SCHEMA = """
@@ -112,6 +119,24 @@ CREATE TABLE labels (
 );
 CREATE INDEX labels_sample ON labels (sample_id);
 CREATE UNIQUE INDEX labels_one_first ON labels (sample_id) WHERE supersedes IS NULL;
+CREATE TABLE votes (
+    id INTEGER PRIMARY KEY,
+    sample_id INTEGER NOT NULL REFERENCES samples (id),
+    annotator TEXT NOT NULL,
+    class_id INTEGER REFERENCES classes (id),
+    skip_reason TEXT,
+    created TEXT NOT NULL,
+    import_id INTEGER REFERENCES imports (id),
+    origin TEXT,
+    CHECK ((class_id IS NULL) <> (skip_reason IS NULL))
+);
+CREATE INDEX votes_sample ON votes (sample_id, annotator);
+CREATE TABLE disputes (
+    sample_id INTEGER PRIMARY KEY REFERENCES samples (id),
+    opened TEXT NOT NULL,
+    resolved TEXT,
+    how TEXT
+);
 """
 # One first label a sample (and ``supersedes`` UNIQUE): a sample's labels form one chain, so
 # exactly one is in force whatever two writers do. Added on open to stores made before it.
@@ -133,6 +158,21 @@ _MIGRATE_V1 = [
     "ALTER TABLE labels_v2 RENAME TO labels",
     "CREATE INDEX labels_sample ON labels (sample_id)",
     "ALTER TABLE imports ADD COLUMN n_skipped INTEGER NOT NULL DEFAULT 0",
+]
+# Version 2 -> 3: every annotator's answers (``votes``, filled from the label history: the
+# newest row of each annotator for a sample) and ``disputes`` (none: version 2 refused them).
+_MIGRATE_V2 = [
+    stmt.strip()
+    .replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
+    .replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ")
+    for stmt in _SCHEMA[_SCHEMA.index("CREATE TABLE votes") :].split(";")
+    if stmt.strip()
+] + [
+    "INSERT INTO votes (sample_id, annotator, class_id, skip_reason, created, import_id, origin) "
+    "SELECT l.sample_id, l.annotator, l.class_id, l.skip_reason, l.created, l.import_id, "
+    "'label history' FROM labels l WHERE l.id = (SELECT MAX(m.id) FROM labels m "
+    "WHERE m.sample_id = l.sample_id AND m.annotator = l.annotator) AND NOT EXISTS (SELECT 1 "
+    "FROM votes x WHERE x.sample_id = l.sample_id AND x.annotator = l.annotator) ORDER BY l.id",
 ]
 AUDIT = "audit"
 """The ``rounds.strategy`` of an audit round (``eada query --audit N``): uniformly random
@@ -171,6 +211,16 @@ def how(cli: str, python: str) -> str:
         '`project.train()`'
     """
     return f"`{cli}`" if _INTERFACE[0] == "cli" else f"`{python}`"
+
+
+def q(path: object) -> str:
+    """``path`` as one shell word (quoted where it holds a space or a shell character), for
+    the commands messages print.
+
+    >>> q("/data/my project"), q("/data/p")
+    ("'/data/my project'", '/data/p')
+    """
+    return shlex.quote(str(path))
 
 
 def busy_timeout() -> float:
@@ -280,7 +330,7 @@ class Store:
         >>> import tempfile
         >>> s = Store(Path(tempfile.mkdtemp()) / "p", create=True)
         >>> s.get_meta("schema_version")
-        '2'
+        '3'
     """
 
     def __init__(
@@ -296,7 +346,7 @@ class Store:
         elif not self.path.is_file():
             raise StoreError(
                 f"no project store at {self.folder} (expected {self.path}); create one first with "
-                + how(f"eada init --store {self.folder}", "eada.create_project(folder, config)")
+                + how(f"eada init --store {q(self.folder)}", "eada.create_project(folder, config)")
             )
         self.readonly = not create and not _writable(self.path)
         try:
@@ -374,7 +424,8 @@ class Store:
     def migrate(self, version: int) -> None:
         """Bring a store of an older schema ``version`` to :data:`SCHEMA_VERSION` in one
         transaction (nothing changes if it fails). Version 1 -> 2 adds skips: the labels table
-        is rebuilt with every row kept (ids, corrections and imports included).
+        is rebuilt with every row kept (ids, corrections and imports included); 2 -> 3 adds
+        ``votes`` (filled from the label history) and ``disputes``.
 
         Raises:
             StoreError: the store is read-only for this user (it must be upgraded once).
@@ -397,6 +448,9 @@ class Store:
                         c.execute(_ONE_FIRST_LABEL)
                     except sqlite3.IntegrityError:
                         pass  # a store that already holds two first labels: kept as it is
+                if version <= 2:
+                    for stmt in _MIGRATE_V2:
+                        c.execute(stmt)
                 bad = c.execute("PRAGMA foreign_key_check").fetchall()
                 if bad:
                     raise StoreError(f"{self.path}: upgrade refused, broken references {bad[:3]}")

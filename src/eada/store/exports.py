@@ -95,7 +95,14 @@ def model_meta(project: Any) -> dict[str, Any]:
 #: the files ``eada export`` writes; a folder holding only these (or nothing) is an export that
 #: ``--force`` may replace
 EXPORT_FILES = frozenset(
-    {"labels.csv", "labels_history.csv", "model.pt", "model.json", "predictions.csv"}
+    {
+        "labels.csv",
+        "labels_history.csv",
+        "disputes.csv",
+        "model.pt",
+        "model.json",
+        "predictions.csv",
+    }
 )
 
 
@@ -111,6 +118,12 @@ def check_export_target(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise StoreError(f"--out {out} is an existing file; give a folder to export into")
     if not out.is_dir():
+        blocked = next((p for p in out.absolute().parents if p.exists()), None)
+        if blocked is not None and not blocked.is_dir():
+            raise StoreError(
+                f"--out {out}: its parent {blocked} is a file, not a folder; give a folder "
+                "to export into"
+            )
         return
     held = sorted(p.name for p in out.iterdir())
     if not held:

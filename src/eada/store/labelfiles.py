@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 from xml.sax.saxutils import quoteattr
 
 from eada.runs import write_bytes_atomic
@@ -17,6 +17,7 @@ from eada.runs import write_bytes_atomic
 LS_FROM_NAME = "label"  # the <Choices name=...> of the Label Studio config we write
 LS_LOCAL_PREFIX = "/data/local-files/?d="
 LS_SKIP_REASON = "skipped in Label Studio"  # a cancelled (skipped) Label Studio annotation
+AUDIT_MARK = "AUDIT: answer without any model guess"  # an audit task's data.audit
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")  # what spreadsheets run as a formula
 MAX_SAMPLE_ID = 2**63 - 1  # SQLite's INTEGER
 
@@ -101,9 +102,28 @@ def _text(value: Any, where: str, field: str) -> str | None:
     return s or None
 
 
+NOT_A_SKIP = ("false", "0", "no", "n", "f", "none", "0.0")
+A_BARE_SKIP = ("true", "1", "yes", "y", "t", "1.0")
+BARE_SKIP_REASON = "skipped"
+
+
+def _skip(value: Any, where: str) -> str | None:
+    """A ``skip`` cell: a reason (text), or a yes/no answer: ``false``, ``0``, ``no`` (and
+    JSON ``false``) are NOT a skip; ``true``, ``1``, ``yes`` are a skip without a reason
+    (``"skipped"``)."""
+    if isinstance(value, bool):
+        return BARE_SKIP_REASON if value else None
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return BARE_SKIP_REASON if value else None
+    text = _text(value, where, "skip")
+    if text is None or text.lower() in NOT_A_SKIP:
+        return None
+    return BARE_SKIP_REASON if text.lower() in A_BARE_SKIP else text
+
+
 def _item(raw: dict[str, Any], where: str) -> LabelItem | None:
     label = _text(raw.get("label"), where, "label")
-    skip = _text(raw.get("skip"), where, "skip")
+    skip = _skip(raw.get("skip"), where)
     if label is None and skip is None:
         return None  # not answered (yet)
     if label is not None and skip is not None:
@@ -124,8 +144,17 @@ def read_csv(text: str) -> list[LabelItem]:
     optional ``annotator`` and ``skip`` (a reason: the sample is unusable, instead of a label).
     Other columns (scores, predictions) are ignored; rows with neither a label nor a skip
     reason are not answered yet."""
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    fields = reader.fieldnames or []
+    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+    try:
+        fields = reader.fieldnames or []
+    except csv.Error as err:
+        raise ImportFileError(f"malformed CSV header (line 1): {err}") from None
+    stripped = [f.strip() if isinstance(f, str) else f for f in fields]
+    twice = sorted({f for f in stripped if stripped.count(f) > 1 and f})
+    if twice:
+        raise ImportFileError(
+            f"the CSV header names column(s) {twice} more than once; keep one of each"
+        )
     if "label" not in fields or not ({"sample_id", "path", "external_id"} & set(fields)):
         raise ImportFileError(
             "CSV header must name a 'label' column and a 'sample_id', 'path' or 'external_id' "
@@ -133,9 +162,11 @@ def read_csv(text: str) -> list[LabelItem]:
             f"found {fields or 'no header'}"
         )
     items = []
+    row_no = 1  # the header is row 1; a data row's number counts records, not lines
     try:
         for row in reader:
-            where = f"row {reader.line_num}"
+            row_no += 1
+            where = f"row {row_no}"
             if None in row:
                 raise ImportFileError(f"{where}: more values than header columns")
             if any(v is None for v in row.values()):
@@ -144,7 +175,7 @@ def read_csv(text: str) -> list[LabelItem]:
             if item is not None:
                 items.append(item)
     except csv.Error as err:
-        raise ImportFileError(f"malformed CSV at row {reader.line_num}: {err}") from None
+        raise ImportFileError(f"malformed CSV at row {row_no + 1}: {err}") from None
     return items
 
 
@@ -156,51 +187,81 @@ def _ls_annotator(ann: dict[str, Any]) -> str | None:
 
 
 def read_label_studio(tasks: list[Any]) -> list[LabelItem]:
+    """Label Studio tasks with their annotations: one item per annotator of a task (their
+    newest annotation: a choice is a label, a cancelled one a skip), named by the task's id
+    and the sample (``Label Studio task 17 (sample 42)``), so several annotators of one task
+    are several answers (votes), settled by ``store.conflicts``."""
     items = []
     for i, task in enumerate(tasks, start=1):
-        where = f"task {i}"
+        tid = task.get("id") if isinstance(task, dict) else None
+        where = f"Label Studio task {tid}" if isinstance(tid, int) else f"task {i}"
         if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
             raise ImportFileError(f"{where}: a Label Studio task needs a 'data' object")
         data = task["data"]
+        if data.get("sample_id") is not None:
+            where += f" (sample {data['sample_id']})"
         anns = task.get("annotations") or []
         if not isinstance(anns, list):
             raise ImportFileError(f"{where}: 'annotations' must be a list")
-        answers: list[tuple[str, str | None]] = []
-        skipped_by: list[str | None] = []
-        for ann in anns:
+        by_who: dict[str | None, tuple[str | None, bool]] = {}
+
+        def newest_last(a: Any) -> tuple[str, int]:
+            if not isinstance(a, dict):
+                return ("", 0)
+            when = a.get("updated_at") or a.get("created_at") or ""
+            ident = a.get("id")
+            return (str(when), ident if isinstance(ident, int) else 0)
+
+        for ann in sorted(anns, key=newest_last):  # one annotator's newest answer counts
             if not isinstance(ann, dict):
                 continue
+            who = _ls_annotator(ann)
+            got: tuple[str | None, bool] | None = None
             if ann.get("was_cancelled"):
-                skipped_by.append(_ls_annotator(ann))
-                continue
-            for res in ann.get("result") or []:
+                got = (None, True)
+            for res in [] if got else ann.get("result") or []:
                 if not isinstance(res, dict) or res.get("type") != "choices":
                     continue
                 value = res.get("value")
                 choices = value.get("choices") if isinstance(value, dict) else None
                 if not isinstance(choices, list) or len(choices) != 1:
                     raise ImportFileError(f"{where}: expected exactly one choice, got {choices!r}")
-                answers.append((str(choices[0]), _ls_annotator(ann)))
-        if not answers and not skipped_by:
-            continue  # not annotated
-        if len({a for a, _ in answers}) > 1:
-            raise ImportFileError(
-                f"{where}: conflicting annotations {sorted({a for a, _ in answers})} for one task"
-            )
+                got = (str(choices[0]), False)
+            if got is None:
+                continue
+            if who is None and who in by_who and by_who[who] != got:
+                shown = sorted(str(a or "skip") for a in {by_who[who][0], got[0]})
+                raise ImportFileError(
+                    f"{where}: conflicting annotations {shown} by annotators the export does "
+                    "not name (no completed_by): export with the annotators, or keep one"
+                )
+            by_who[who] = got
         path = data.get("path")
         img = data.get("image")
         if path is None and isinstance(img, str) and img.startswith(LS_LOCAL_PREFIX):
-            path = img[len(LS_LOCAL_PREFIX) :]
-        fields: dict[str, Any] = {"sample_id": data.get("sample_id"), "path": path}
-        if answers:  # a label given by anyone outweighs another annotator's skip
-            fields["label"] = answers[-1][0]
-        else:
-            fields["skip"] = LS_SKIP_REASON
-        item = _item(fields, where)
-        if item is not None:
-            item.annotator = answers[-1][1] if answers else skipped_by[-1]
-            items.append(item)
+            path = unquote(img[len(LS_LOCAL_PREFIX) :])
+        for who, (label, skipped) in by_who.items():
+            fields: dict[str, Any] = {"sample_id": data.get("sample_id"), "path": path}
+            if skipped:
+                fields["skip"] = LS_SKIP_REASON
+            else:
+                fields["label"] = label
+            item = _item(fields, where)
+            if item is not None:
+                item.annotator = who
+                items.append(item)
     return items
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ImportFileError(
+            f"a JSON object names the key(s) {twice} more than once (which one counts is "
+            "ambiguous); keep one of each"
+        )
+    return dict(pairs)
 
 
 def read_json(text: str) -> tuple[str, list[LabelItem]]:
@@ -208,7 +269,9 @@ def read_json(text: str) -> tuple[str, list[LabelItem]]:
     ``{"sample_id", "label"}`` objects (also Label Studio's JSON-MIN), or our query export
     (``{"samples": [...]}``) with labels filled in. Returns ``(format, items)``."""
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except ImportFileError:
+        raise
     except json.JSONDecodeError as err:
         raise ImportFileError(f"malformed JSON: {err}") from None
     except RecursionError:
@@ -246,8 +309,15 @@ def read_label_file(path: Path) -> tuple[str, list[LabelItem], bytes]:
         FileNotFoundError: no such file.
         ImportFileError: unknown suffix, not UTF-8, malformed content.
     """
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"label file not found: {path}")
+    if path.is_dir():
+        raise ImportFileError(f"{path} is a folder, not a label file (name a .csv or .json file)")
+    if not path.is_file():
+        raise ImportFileError(
+            f"{path} is not a regular file (a named pipe, socket or device): save the labels "
+            "to a .csv or .json file and import that"
+        )
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
@@ -272,6 +342,7 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
     buf = io.StringIO(newline="")
     cols = ["sample_id", "external_id", "round", "rank", "domain", "index", "path"]
     cols += ["external_path", "predicted", "score", *score_names, "near_duplicate_of"]
+    cols += ["audit", "dispute"]
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([*cols, "label", "annotator", "skip"])
     for r in rows:
@@ -286,10 +357,12 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
                 r["index"],
                 csv_safe(r["path"] or ""),
                 csv_safe(r.get("external_path") or ""),
-                csv_safe(r["predicted"]),
+                csv_safe(r["predicted"] or ""),
                 "" if score is None else repr(float(score)),
                 *[repr(float(r["scores"][k])) for k in score_names],
                 r.get("near_duplicate_of") or "",
+                "yes" if r.get("audit") else "",
+                csv_safe(r.get("dispute") or ""),
                 csv_safe(r.get("label") or ""),
                 csv_safe(r.get("annotator") or ""),
                 csv_safe(r.get("skip") or ""),
@@ -298,40 +371,64 @@ def export_rows_csv(rows: list[dict[str, Any]], score_names: list[str]) -> str:
     return buf.getvalue()
 
 
+def model_version(round_number: int) -> str:
+    """The ``model_version`` of round ``round_number``'s pre-annotations (Label Studio shows
+    the predictions of its project's ``model_version``)."""
+    return f"eada-round-{round_number}"
+
+
 def label_studio_tasks(
     rows: list[dict[str, Any]], roots: list[Path], round_number: int
 ) -> list[dict[str, Any]]:
     """Label Studio import tasks: ``data`` holds the sample id, the image (served through
-    Label Studio's local-files storage, relative to the data root) or a text stand-in for
-    feature rows, and the per-sample scores; the model's guess is a pre-annotation."""
-    tasks = []
+    Label Studio's local-files storage, relative to the document root) or a text stand-in
+    for feature rows, and the per-sample scores; the model's guess is a pre-annotation
+    (none on an audit round's tasks, which carry ``data.audit``).
+
+    Raises:
+        ValueError: an image outside every document root in ``roots`` (its URL would not
+            resolve: no task file is written with it).
+    """
+    tasks: list[dict[str, Any]] = []
     for r in rows:
         data: dict[str, Any] = {"sample_id": r["sample_id"], "round": r["round"], "rank": r["rank"]}
         if r["path"]:
             p = Path(r["path"])
-            rel = next(
+            rel: str | None = next(
                 (
                     str(p.relative_to(root.resolve()))
                     for root in roots
                     if root.resolve() in p.parents
                 ),
-                str(p),
+                None,
             )
+            if rel is None:
+                shown = ", ".join(str(x) for x in roots) or "none"
+                raise ValueError(
+                    f"image {p} of sample {r['sample_id']} lies outside the Label Studio "
+                    f"document root ({shown}): its URL would not resolve; name a folder "
+                    "holding every target image with `eada labelstudio connect --root DIR` "
+                    "(or `eada config set store.label_studio_root=DIR`)"
+                )
             data["image"] = LS_LOCAL_PREFIX + quote(rel)  # relative to the document root
             data["path"] = r["path"]
         else:
-            shown = r.get("external_path") or r.get("external_id")
-            data["text"] = shown or f"{r['domain']} sample #{r['index']}"
+            named = r.get("external_path") or r.get("external_id")
+            data["text"] = named or f"{r['domain']} sample #{r['index']}"
         for k in ("external_id", "external_path"):
             if r.get(k):
                 data[k] = r[k]
         data.update({k: float(v) for k, v in r["scores"].items()})
+        if r.get("audit"):  # marked, and blind: no pre-annotation
+            data["audit"] = AUDIT_MARK
+            tasks.append({"data": data, "predictions": []})
+            continue
         tasks.append(
             {
                 "data": data,
                 "predictions": [
                     {
-                        "model_version": f"eada-round-{round_number}",
+                        "model_version": model_version(round_number),
                         **({"score": float(r["score"])} if r.get("score") is not None else {}),
                         "result": [
                             {

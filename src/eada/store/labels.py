@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from eada.store.agreement import Vote, decide, latest_votes, open_disputes
 from eada.store.checkpoints import ProjectCheckpoints, crash_point, file_sha256
-from eada.store.config import FolderData
+from eada.store.config import FolderData, check_annotator
 from eada.store.data import confine, content_hash, decode_image
 from eada.store.db import StoreError, how, now
 from eada.store.labelfiles import LabelItem, read_label_file, records_to_items
@@ -34,23 +35,6 @@ class ImportValidationError(ValueError):
         super().__init__(f"{source}: {len(problems)} problem(s), nothing was imported:\n{text}")
 
 
-class LabelConflictError(ValueError):
-    """Labels that would replace another annotator's label without ``force``; nothing was
-    written. ``conflicts`` names each sample, both annotators and both answers."""
-
-    def __init__(self, source: str, conflicts: list[str]) -> None:
-        self.conflicts = conflicts
-        shown = conflicts[:MAX_ERRORS_SHOWN]
-        more = len(conflicts) - len(shown)
-        text = "\n".join(f"  - {p}" for p in shown) + (f"\n  ... and {more} more" if more else "")
-        super().__init__(
-            f"{source}: {len(conflicts)} label(s) would replace another annotator's label, "
-            f"nothing was imported:\n{text}\n"
-            "pass --force (Python: force=True) to replace them, or set `store.conflicts: "
-            "newest-wins` in the project config"
-        )
-
-
 def _answer(it: LabelItem, present: bool = False) -> str:
     """``labels it 'bag'`` / ``skips it ('blurred')`` for messages."""
     if it.skip is not None:
@@ -68,6 +52,58 @@ class ProjectLabels(ProjectCheckpoints):
 
     def _n_label_rows(self) -> int:
         return int(self.store.conn.execute("SELECT COUNT(*) FROM labels").fetchone()[0])
+
+    def check_labeled_files(self) -> None:
+        """Refuse to train or query on a labeled image whose file changed since it was
+        registered (a photo overwritten under the same name would train its old label on new
+        pixels): a ``stat`` a file (size, mtime), the SHA-256 only where those moved; the
+        stamps of files found unchanged are kept (meta ``file_stamps``) so the next check is
+        a ``stat`` again.
+
+        Raises:
+            StoreError: naming how many labeled files changed, the first ones and what to do.
+        """
+        rows = [
+            r
+            for r in self.store.conn.execute(
+                "SELECT s.id, s.path, s.content_hash, c.name AS class_name FROM labels l "
+                "JOIN samples s ON s.id = l.sample_id JOIN classes c ON c.id = l.class_id "
+                "WHERE NOT EXISTS (SELECT 1 FROM labels n WHERE n.supersedes = l.id) "
+                "AND s.path IS NOT NULL AND s.position >= 0"
+            )
+        ]
+        if not rows:
+            return
+        stamps: dict[str, list[int]] = self.store.get_json("file_stamps") or {}
+        fresh: dict[str, list[int]] = {}
+        changed: list[str] = []
+        for r in rows:
+            path = Path(r["path"])
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # a vanished file: `eada target scan` leaves it out (the pool note)
+            stamp = [st.st_size, st.st_mtime_ns]
+            if stamps.get(str(r["id"])) == stamp:
+                fresh[str(r["id"])] = stamp
+                continue
+            if file_sha256(path) == r["content_hash"]:
+                fresh[str(r["id"])] = stamp
+            else:
+                changed.append(f"{path} (sample {r['id']}, labeled {r['class_name']!r})")
+        if changed:
+            shown = "; ".join(changed[:5]) + (
+                f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
+            )
+            raise StoreError(
+                f"{len(changed)} labeled image(s) changed since they were registered: {shown}. "
+                "Their labels would train on other pixels: put the original files back, or "
+                "save a new photo under a new name (`eada target scan` registers it as a new "
+                "sample; a removed file is left out of the pool)"
+            )
+        if fresh != stamps and not self.store.readonly:
+            with self.store.transaction():
+                self.store.set_meta("file_stamps", json.dumps(fresh, sort_keys=True))
 
     def _labels_tensor(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The labels training uses: every label in force but those of audit samples (kept
@@ -92,9 +128,10 @@ class ProjectLabels(ProjectCheckpoints):
         """Import a CSV/JSON/Label Studio label file: everything is validated first, then
         written in one transaction. A label differing from the one in force is a correction
         (a new row superseding the old); an identical one changes nothing; a ``skip`` marks
-        the sample unusable (a later label undoes it). A correction of ANOTHER annotator's
-        label raises :class:`LabelConflictError` unless ``force`` (or ``store.conflicts:
-        newest-wins``)."""
+        the sample unusable (a later label undoes it). An answer contradicting ANOTHER
+        annotator's label in force is settled by ``store.conflicts`` (under ``refuse``, the
+        default, it opens a dispute and that label stays in force; the rest is imported)
+        unless ``force`` (the newest answer wins)."""
         self.store.check_writable()
         if self.store.get_meta("mode") == "simulated":
             self._set_mode("human")  # raises: a simulated run takes no human labels
@@ -161,14 +198,26 @@ class ProjectLabels(ProjectCheckpoints):
         allow_unqueried: bool,
         force: bool = False,
     ) -> dict[str, Any]:
+        """Validate ``items`` (every problem listed, nothing written), then in one transaction
+        record each annotator's answer as a vote and settle each sample by the project's
+        ``store.conflicts`` policy (:func:`eada.store.agreement.decide`): the winner becomes
+        the label in force; a sample nobody wins is disputed (listed in the result's
+        ``disputes``) and keeps what it had (an answer that contradicts another annotator's
+        label in force opens a dispute; the rest of the import is written). ``force``: the
+        newest answer wins (this import's)."""
+        check_annotator(annotator)
         problems: list[str] = []
         conn = self.store.conn
         class_id = {n: i for i, n in enumerate(self.classes)}
         roots = self.store.roots()
-        chosen: dict[int, tuple[LabelItem, int | None]] = {}
+        chosen: dict[int, dict[str, tuple[LabelItem, int | None]]] = {}
         by_external = external_ids(conn) if any(it.external_id for it in items) else {}
         for it in items:
             sample = None
+            if it.external_id is not None and (it.sample_id is not None or it.path is not None):
+                if it.external_id not in by_external:
+                    problems.append(f"{it.where}: unknown external_id {it.external_id!r}")
+                    continue
             if it.sample_id is None and it.path is None and it.external_id is not None:
                 if it.external_id not in by_external:
                     problems.append(f"{it.where}: unknown external_id {it.external_id!r}")
@@ -201,6 +250,14 @@ class ProjectLabels(ProjectCheckpoints):
                     continue
                 sample = by_path
             assert sample is not None
+            if it.external_id is not None and by_external.get(it.external_id) != sample["id"]:
+                problems.append(
+                    f"{it.where}: external_id {it.external_id!r} names sample "
+                    f"{by_external.get(it.external_id)}, but "
+                    + (f"sample_id {it.sample_id}" if it.path is None else f"path {it.path}")
+                    + f" names sample {sample['id']}: fix one of them"
+                )
+                continue
             if sample["role"] != "target":
                 problems.append(
                     f"{it.where}: sample {sample['id']} is a {sample['role']} sample; only "
@@ -215,62 +272,109 @@ class ProjectLabels(ProjectCheckpoints):
                     problems.append(f"{it.where}: unknown class name {it.label!r} (known: {known})")
                     continue
                 k = class_id[it.label]
-            prev = chosen.get(sample["id"])
+            who = it.annotator or annotator
+            try:
+                check_annotator(who, f"{it.where}: annotator")
+            except ValueError as err:
+                problems.append(str(err))
+                continue
+            prev = chosen.get(sample["id"], {}).get(who)
             if prev is not None and (prev[1], prev[0].skip) != (k, it.skip):
                 problems.append(
-                    f"{it.where}: sample {sample['id']} {_answer(it)} but {prev[0].where} "
-                    f"{_answer(prev[0], present=True)} (conflicting duplicates)"
+                    f"{it.where}: sample {sample['id']}{_where(conn, sample['id'])}: {who} "
+                    f"{_answer(it, present=True)} but {prev[0].where} {_answer(prev[0])} "
+                    "(conflicting duplicates of one annotator)"
                 )
                 continue
-            chosen[sample["id"]] = (it, k)
-        for sid, (it, k) in chosen.items():
+            chosen.setdefault(sample["id"], {})[who] = (it, k)
+        for sid, by_who in chosen.items():
             s = conn.execute("SELECT * FROM samples WHERE id = ?", (sid,)).fetchone()
-            if s["path"] is not None and k is not None:  # a skip may name an unreadable image
-                problems += self._check_file(s, it.where)
+            labeled = [(it, k) for it, k in by_who.values() if k is not None]
+            if s["path"] is not None and labeled:  # a skip may name an unreadable image
+                problems += self._check_file(s, labeled[0][0].where)
         if problems:
             raise ImportValidationError(source_name, problems)
         n_new = n_fix = n_same = 0
         stamp = now()
-        # Everything that another writer can change (rounds, the labels in force, the mode)
-        # is read inside the transaction that writes: a concurrent import waits for this one
-        # and sees its labels, so two labels are never in force for one sample.
+        opts = self.options
+        policy = "newest-wins" if force else opts.conflicts
+        # Everything that another writer can change (rounds, the labels in force, the votes,
+        # the mode) is read inside the transaction that writes: a concurrent import waits for
+        # this one and sees its labels, so two labels are never in force for one sample.
         with self.store.transaction() as c:
+            open_ids = {
+                int(r[0])
+                for r in c.execute("SELECT sample_id FROM disputes WHERE resolved IS NULL")
+            }
+            touched = sorted(set(chosen) | open_ids)
             round_of: dict[int, int] = {}
-            if chosen:
-                q = ",".join("?" * len(chosen))
+            if touched:
+                q = ",".join("?" * len(touched))
                 for row in c.execute(
                     f"SELECT rs.sample_id, MAX(rs.round_id) AS round_id FROM round_samples rs "
                     f"WHERE rs.rank IS NOT NULL AND rs.sample_id IN ({q}) GROUP BY rs.sample_id",
-                    list(chosen),
+                    touched,
                 ):
                     round_of[row["sample_id"]] = row["round_id"]
             problems = [
-                f"{it.where}: sample {sid} was never queried (pass --allow-unqueried to "
-                "label it anyway)"
-                for sid, (it, _) in chosen.items()
+                f"{next(iter(by_who.values()))[0].where}: sample {sid} was never queried (pass "
+                "--allow-unqueried to label it anyway)"
+                for sid, by_who in chosen.items()
                 if sid not in round_of and not allow_unqueried
             ]
             if problems:
                 raise ImportValidationError(source_name, problems)
             current = {r["sample_id"]: r for r in self.store.answers()}
+            prior = latest_votes(c, touched)
             changes = []
-            conflicts = []
+            new_votes: list[tuple[int, str, LabelItem, int | None]] = []
+            opened: list[int] = []
+            settled: dict[int, str] = {}
             n_skip = n_unskip = n_forced = 0
-            newest_wins = force or self.options.conflicts == "newest-wins"
-            for sid, (it, k) in sorted(chosen.items()):
+            for sid in touched:
+                votes = {v.annotator: v for v in prior.get(sid, [])}
                 old = current.get(sid)
-                who = it.annotator or annotator
-                if old is not None and old["class_id"] == k and old["skip_reason"] == it.skip:
-                    n_same += 1
-                    continue
-                if old is not None and old["class_id"] is not None and old["annotator"] != who:
-                    conflicts.append(
-                        f"{it.where}: sample {sid}{_where(conn, sid)} is labeled "
-                        f"{old['class_name']!r} by {old['annotator']}; {who} "
-                        f"{_answer(it, present=True)}"
+                if old is not None and old["annotator"] not in votes:
+                    votes[old["annotator"]] = Vote(
+                        old["annotator"], old["class_id"], old["skip_reason"], old["created"]
                     )
+                incoming = chosen.get(sid, {})
+                for seq, (who, (it, k)) in enumerate(incoming.items()):
+                    had = votes.get(who)
+                    if had is None or (had.class_id, had.skip) != (k, it.skip):
+                        new_votes.append((sid, who, it, k))
+                    votes[who] = Vote(who, k, it.skip, stamp, 10**12 + seq, it.where)
+                if sid not in open_ids:
+                    # what stands (no dispute) stays unless an answer of this import differs
+                    asked = {(k, it.skip) for it, k in incoming.values()}
+                    standing = None if old is None else (old["class_id"], old["skip_reason"])
+                    if asked == {standing} or (old is None and len(asked) == 1):
+                        votes = {w: v for w, v in votes.items() if w in incoming}
+                winner, how_ = decide(
+                    list(votes.values()), policy, opts.conflict_tie, opts.reviewer
+                )
+                if winner is None:  # a dispute: the answer in force (if any) stays
+                    if sid not in open_ids:
+                        opened.append(sid)
+                    continue
+                if sid in open_ids or how_ != "agreed":
+                    settled[sid] = how_
+                if old is not None and (old["class_id"], old["skip_reason"]) == (
+                    winner.class_id,
+                    winner.skip,
+                ):
+                    if sid in chosen:
+                        n_same += 1
+                    continue
+                it_w = incoming.get(winner.annotator, (None, None))[0]
+                if (
+                    old is not None
+                    and old["class_id"] is not None
+                    and old["annotator"] != winner.annotator
+                    and how_ != "agreed"
+                ):
                     n_forced += 1
-                if k is None:
+                if winner.class_id is None:
                     n_skip += 1
                 elif old is None:
                     n_new += 1
@@ -278,36 +382,57 @@ class ProjectLabels(ProjectCheckpoints):
                     n_unskip += 1
                 else:
                     n_fix += 1
-                changes.append((sid, it, k, old))
-            if conflicts and not newest_wins:
-                raise LabelConflictError(source_name, conflicts)
-            if changes:  # a file that changes nothing (re-imported, header only) leaves no trace
-                self._set_mode(source)
+                changes.append((sid, winner, old, it_w))
+            import_id = None
+            if changes or new_votes or opened or settled:
+                # a file that changes nothing (re-imported, header only) leaves no trace
+                if changes:
+                    self._set_mode(source)
                 cur = c.execute(
                     "INSERT INTO imports (file, sha256, format, n_new, n_corrections, "
                     "n_unchanged, created, n_skipped) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (source_name, sha, fmt, n_new + n_unskip, n_fix, n_same, stamp, n_skip),
                 )
-                c.executemany(
-                    "INSERT INTO labels (sample_id, class_id, annotator, created, round_id, "
-                    "source, supersedes, import_id, skip_reason) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            sid,
-                            k,
-                            it.annotator or annotator,
-                            stamp,
-                            round_of.get(sid),
-                            source,
-                            None if old is None else old["id"],
-                            cur.lastrowid,
-                            it.skip,
-                        )
-                        for sid, it, k, old in changes
-                    ],
-                )
+                import_id = cur.lastrowid
+            c.executemany(
+                "INSERT INTO votes (sample_id, annotator, class_id, skip_reason, created, "
+                "import_id, origin) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (sid, who, k, it.skip, stamp, import_id, it.where)
+                    for sid, who, it, k in new_votes
+                ],
+            )
+            c.executemany(
+                "INSERT INTO labels (sample_id, class_id, annotator, created, round_id, "
+                "source, supersedes, import_id, skip_reason) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        sid,
+                        w.class_id,
+                        w.annotator,
+                        stamp,
+                        round_of.get(sid),
+                        source,
+                        None if old is None else old["id"],
+                        import_id,
+                        w.skip,
+                    )
+                    for sid, w, old, _ in changes
+                ],
+            )
+            c.executemany(
+                "INSERT INTO disputes (sample_id, opened) VALUES (?, ?) ON CONFLICT (sample_id) "
+                "DO UPDATE SET opened = excluded.opened, resolved = NULL, how = NULL",
+                [(sid, stamp) for sid in opened],
+            )
+            c.executemany(
+                "UPDATE disputes SET resolved = ?, how = ? "
+                "WHERE sample_id = ? AND resolved IS NULL",
+                [(stamp, h, sid) for sid, h in settled.items()],
+            )
             crash_point("import:before_commit")
+            disputes = [d for d in open_disputes(c) if d["sample_id"] in chosen]
         return {
             "file": source_name,
             "format": fmt,
@@ -316,7 +441,9 @@ class ProjectLabels(ProjectCheckpoints):
             "skipped": n_skip,
             "unskipped": n_unskip,
             "unchanged": n_same,
-            "replaced_other_annotators": n_forced if conflicts else 0,
+            "replaced_other_annotators": n_forced,
+            "disputes": disputes,
+            "settled": sum(1 for sid in settled if sid in open_ids or sid in chosen),
             "pending": len(self.pending()),
         }
 

@@ -27,8 +27,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from eada.store.labelfiles import LS_FROM_NAME, label_studio_config, label_studio_tasks
-from eada.store.roots import NO_DOCUMENT_ROOT, label_studio_root
+from eada.store.db import q
+from eada.store.labelfiles import (
+    LS_FROM_NAME,
+    label_studio_config,
+    label_studio_tasks,
+    model_version,
+)
+from eada.store.roots import NO_DOCUMENT_ROOT, label_studio_root, unsafe_document_root
 
 TOKEN_ENV = "LABEL_STUDIO_API_KEY"
 META_KEY = "labelstudio"
@@ -63,7 +69,7 @@ class LabelStudioClient:
     """
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 60.0) -> None:
-        self.url = url.rstrip("/")
+        self.url = check_url(url)
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         if not token:
             raise LabelStudioError(
@@ -109,8 +115,10 @@ class LabelStudioClient:
         if auth is not None:
             req.add_header("Authorization", auth)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with _OPENER.open(req, timeout=self.timeout) as resp:
                 raw = resp.read()
+        except _RedirectRefused as err:
+            raise LabelStudioError(f"Label Studio {method} {self.url}{path}: {err}") from None
         except urllib.error.HTTPError as err:
             text = err.read().decode("utf-8", "replace")[:400]
             if err.code == 401 and auth is not None and auth.startswith("Bearer "):
@@ -140,6 +148,79 @@ class _Unauthorized(Exception):
     """An expired access token (internal: renewed once)."""
 
 
+class _RedirectRefused(urllib.error.URLError):
+    """A redirect the client does not follow (internal: named in a LabelStudioError)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    u = urllib.parse.urlsplit(url)
+    port = u.port or {"http": 80, "https": 443}.get(u.scheme)
+    return u.scheme, (u.hostname or "").lower(), port
+
+
+class _KeepTokenHome(urllib.request.HTTPRedirectHandler):
+    """Redirects that never carry the token away: one to another scheme, host or port is
+    refused (urllib would resend ``Authorization`` there), and any redirect of a request
+    that is not a GET is an error (urllib would turn a POST into a GET and drop its body)."""
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        method = req.get_method()
+        if method not in ("GET", "HEAD"):
+            raise _RedirectRefused(
+                f"the server answered {method} with a redirect (HTTP {code}) to {newurl}; "
+                "a redirected request is not resent: give --url the address Label Studio "
+                "really serves (scheme, host and port)"
+            )
+        if _origin(newurl) != _origin(req.full_url):
+            raise _RedirectRefused(
+                f"the server redirects (HTTP {code}) to another origin, {newurl}; the access "
+                "token is never sent there: give --url the address Label Studio really "
+                "serves"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_KeepTokenHome)
+
+
+def check_url(url: str) -> str:
+    """A Label Studio address ``http://HOST:PORT`` (or ``https://``), without a trailing
+    slash.
+
+    Raises:
+        LabelStudioError: anything else, naming the form.
+
+    >>> check_url("http://127.0.0.1:8080/")
+    'http://127.0.0.1:8080'
+    """
+    u = urllib.parse.urlsplit(url.strip())
+    try:
+        u.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        u = u._replace(netloc="")
+    if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+        raise LabelStudioError(
+            f"--url {url!r} is not a Label Studio address: expected http://HOST:PORT (e.g. "
+            "http://127.0.0.1:8080)"
+        )
+    return url.strip().rstrip("/")
+
+
 def connection(project: Any) -> dict[str, Any] | None:
     """The store's recorded Label Studio connection, or ``None`` when it has none."""
     raw = project.store.get_json(META_KEY)
@@ -156,43 +237,80 @@ def client_for(project: Any, token: str | None = None) -> LabelStudioClient:
     if conn is None:
         raise LabelStudioError(
             f"the project {project.folder} is not connected to Label Studio: run "
-            f"`eada labelstudio connect --store {project.folder} --url URL` first"
+            f"`eada labelstudio connect --store {q(project.folder)} --url URL` first"
         )
     return LabelStudioClient(conn["url"], token)
 
 
+def target_roots(project: Any) -> list[Path]:
+    """The registered data roots that hold target image files (the only files Label Studio
+    shows: source files never need serving), in registration order."""
+    roots = [Path(r).resolve() for r in project.store.roots()]
+    files = [Path(r["path"]) for r in project.store.samples("target") if r["path"]]
+    used = []
+    for root in roots:
+        if any(root in f.parents for f in files):
+            used.append(root)
+    return used
+
+
+def document_root_or_none(project: Any) -> Path | None:
+    """The folder Label Studio serves the project's target files from:
+    ``store.label_studio_root``, else the deepest folder holding every data root that holds
+    target files (the source may live elsewhere); ``None`` where that would be ``/`` or a
+    parent of a home folder. Label Studio never serves files lying directly in its document
+    root (a storage must name a subfolder): where the target's files would, the derived root
+    is the folder above."""
+    option = project.options.label_studio_root
+    root = label_studio_root(target_roots(project), option)
+    if root is None or option is not None:
+        return root
+    files = [Path(r["path"]) for r in project.store.samples("target") if r["path"]]
+    if any(f.parent == root for f in files):  # a file directly in it: Label Studio refuses
+        up = root.parent
+        return None if unsafe_document_root(up) is not None else up
+    return root
+
+
 def _document_root(project: Any) -> Path:
-    """The folder Label Studio serves the project's files from (``store.label_studio_root``
-    or the deepest folder holding every data root).
+    """:func:`document_root_or_none`, required.
 
     Raises:
         LabelStudioError: no safe single folder (it would be ``/`` or a parent of a home
-            folder): the message says to set ``store.label_studio_root``.
+            folder): the message says to name one with ``eada labelstudio connect --root``.
     """
-    root = label_studio_root(project.store.roots(), project.options.label_studio_root)
+    root = document_root_or_none(project)
     if root is None:
         raise LabelStudioError(NO_DOCUMENT_ROOT)
     return root
 
 
-def _storage_folder(project: Any, root: Path) -> Path:
-    """The folder the Local Files storage names: the deepest folder holding every queried-to-be
-    target file (Label Studio refuses the document root itself)."""
-    paths = [r["path"] for r in project.store.samples("target") if r["path"]]
-    if not paths:
+def _storage_folders(project: Any, root: Path) -> list[Path]:
+    """One folder a Local Files storage names for each data root holding target files: the
+    root itself, or the deepest folder holding its target files where the root is the
+    document root (Label Studio refuses the document root itself)."""
+    files = [Path(r["path"]) for r in project.store.samples("target") if r["path"]]
+    if not files:
         raise LabelStudioError(
             "the target has no image files (feature rows): Label Studio has nothing to show; "
             "use the exported round-NNN.labelstudio.json with its text stand-ins instead"
         )
-    folder = Path(os.path.commonpath([str(Path(p).parent) for p in paths]))
-    if folder == root or root not in folder.parents:
-        raise LabelStudioError(
-            f"the target images lie in {folder}, which must be a subfolder of the Label Studio "
-            f"document root {root}: set `store.label_studio_root` in the project config to a "
-            "folder above it, and start Label Studio with that folder as "
-            "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT"
-        )
-    return folder
+    folders: list[Path] = []
+    for data_root in target_roots(project) or [root]:
+        mine = [f for f in files if data_root in f.parents]
+        folder = data_root
+        if folder == root or root not in folder.parents:
+            folder = Path(os.path.commonpath([str(f.parent) for f in mine]))
+        if folder == root or root not in folder.parents:
+            raise LabelStudioError(
+                f"the target images lie in {folder}, which must be a subfolder of the Label "
+                f"Studio document root {root}: name a folder above it with `eada labelstudio "
+                "connect --root DIR` (or `eada config set store.label_studio_root=DIR`), and "
+                "start Label Studio with that folder as LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT"
+            )
+        if folder not in folders:
+            folders.append(folder)
+    return folders
 
 
 def connect(
@@ -201,6 +319,8 @@ def connect(
     project_id: int | None = None,
     title: str | None = None,
     token: str | None = None,
+    root: str | Path | None = None,
+    overlap: int | None = None,
 ) -> dict[str, Any]:
     """Link ``project`` to a Label Studio project and push its rounds.
 
@@ -214,33 +334,58 @@ def connect(
     Connecting a connected store again to the same server and project only pushes the rounds
     not pushed yet (no task is sent twice).
 
+    ``root``: the folder Label Studio serves files from (its
+    ``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``), recorded as ``store.label_studio_root`` (it
+    may change after init: source and target in two places need one that holds the target's
+    folders). One Local Files storage is added for each data root holding target images.
+    ``overlap``: how many annotators Label Studio asks for each task (``maximum_annotations``,
+    every task in the overlap cohort); their disagreements become disputes on ``pull``.
+
     Returns:
-        ``{"url", "project", "storage", "document_root", "pushed": [round numbers pushed]}``.
+        ``{"url", "project", "storage", "storages", "document_root", "overlap", "pushed":
+        [round numbers pushed]}``.
 
     Raises:
         LabelStudioError: Label Studio unreachable, the token refused, a given project whose
             config lacks classes, or a storage Label Studio refuses (its reason is quoted).
     """
     project.store.check_writable()
+    if overlap is not None and not 1 <= overlap <= 100:
+        raise LabelStudioError(f"--overlap must be between 1 and 100 annotators, got {overlap}")
     client = LabelStudioClient(url, token)
+    if root is not None:
+        project.set_options({"label_studio_root": str(Path(root).absolute())})
     old = connection(project)
-    if old is not None and old["url"] == client.url and project_id in (None, old["project"]):
+    same = old is not None and old["url"] == client.url and project_id in (None, old["project"])
+    if same and root is None and overlap is None:
+        assert old is not None
         client.request("GET", f"/api/projects/{old['project']}/")  # still there, token valid
         pushed = [push_round(project, n, client) for n in _unpushed(project)]
+        sync_model_version(project, client)
         return {**old, "pushed": pushed}
     images = any(r["path"] for r in project.store.samples("target"))
-    root = _document_root(project) if images else None  # feature rows: no files served
-    folder = _storage_folder(project, root) if root is not None else None
+    doc_root = _document_root(project) if images else None  # feature rows: no files served
+    folders = _storage_folders(project, doc_root) if doc_root is not None else []
     config = label_studio_config(project.classes, images)
-    if project_id is None:
+    settings: dict[str, Any] = {}
+    if overlap is not None:
+        settings = {"maximum_annotations": overlap, "overlap_cohort_percentage": 100}
+    if same:
+        assert old is not None
+        project_id = int(old["project"])
+        if settings:
+            client.request("PATCH", f"/api/projects/{project_id}/", settings)
+    elif project_id is None:
         made = client.request(
             "POST",
             "/api/projects/",
-            {"title": title or f"eada {project.folder.name}", "label_config": config},
+            {"title": title or f"eada {project.folder.name}", "label_config": config, **settings},
         )
         project_id = int(made["id"])
     else:
         got = client.request("GET", f"/api/projects/{project_id}/")
+        if settings:
+            client.request("PATCH", f"/api/projects/{project_id}/", settings)
         have = str(got.get("label_config", ""))
         missing = [c for c in project.classes if f'"{c}"' not in have and f"'{c}'" not in have]
         if f'name="{LS_FROM_NAME}"' not in have or missing:
@@ -250,25 +395,30 @@ def connect(
                 f"{project.folder / 'exports' / 'labelstudio-config.xml'} as its labeling config"
                 " or let `eada labelstudio connect` create the project"
             )
-    storage_id = None
-    if folder is not None:
+    storages = dict((old or {}).get("storage_paths") or {}) if same else {}
+    for folder in folders:
+        if str(folder) in storages:
+            continue
         st = client.request(
             "POST",
             "/api/storages/localfiles/",
             {
                 "project": project_id,
-                "title": "eada target images",
+                "title": f"eada target images {folder.name}",
                 "path": str(folder),
                 "use_blob_urls": False,
             },
         )
-        storage_id = int(st["id"])
+        storages[str(folder)] = int(st["id"])
     conn = {
         "url": client.url,
         "project": project_id,
-        "storage": storage_id,
-        "document_root": None if root is None else str(root),
-        "pushed": [],
+        "storage": next(iter(storages.values()), None),
+        "storages": list(storages.values()),
+        "storage_paths": storages,
+        "document_root": None if doc_root is None else str(doc_root),
+        "overlap": overlap if overlap is not None else (old or {}).get("overlap"),
+        "pushed": list((old or {}).get("pushed", [])) if same else [],
     }
     with project.store.transaction():
         project.store.set_meta(META_KEY, json.dumps(conn))
@@ -294,13 +444,38 @@ def push_round(project: Any, number: int, client: LabelStudioClient | None = Non
         raise LabelStudioError(f"no round {number} in {project.folder}")
     rows = project.round_rows(number)
     roots = [_document_root(project)] if any(r["path"] for r in rows) else []
-    tasks = label_studio_tasks(rows, roots, number)
+    try:
+        tasks = label_studio_tasks(rows, roots, number)
+    except ValueError as err:
+        raise LabelStudioError(str(err)) from None
     client.request("POST", f"/api/projects/{conn['project']}/import", tasks)
     with project.store.transaction():
         now_conn = connection(project) or conn
         now_conn["pushed"] = sorted({*now_conn.get("pushed", []), number})
         project.store.set_meta(META_KEY, json.dumps(now_conn))
+    sync_model_version(project, client)
     return number
+
+
+def sync_model_version(project: Any, client: LabelStudioClient | None = None) -> str | None:
+    """Set the Label Studio project's ``model_version`` to the newest pushed active round's
+    (``eada-round-N``; audit rounds carry no prediction): Label Studio shows the predictions
+    of its project's model version, so each round's tasks show their own pre-annotations.
+    Runs after every push (a failure to set it is retried by the next push or connect).
+    Returns the version set, or ``None`` when no active round was pushed."""
+    conn = connection(project)
+    if conn is None:
+        return None
+    pushed = set(conn.get("pushed", []))
+    active = [r["number"] for r in project.store.active_rounds() if r["number"] in pushed]
+    if not active:
+        return None
+    version = model_version(max(active))
+    client = client or client_for(project)
+    got = client.request("GET", f"/api/projects/{conn['project']}/")
+    if not isinstance(got, dict) or got.get("model_version") != version:
+        client.request("PATCH", f"/api/projects/{conn['project']}/", {"model_version": version})
+    return version
 
 
 def push_pending(project: Any) -> list[int]:
@@ -340,12 +515,13 @@ def fetch_tasks(project: Any, client: LabelStudioClient | None = None) -> list[d
 def pull(project: Any, force: bool = False, token: str | None = None) -> dict[str, Any]:
     """Import the connected Label Studio project's submitted annotations (the annotator's
     e-mail as ``label-studio:EMAIL``) and skipped tasks (as skips), validated and written
-    like a file import. Re-pulling unchanged annotations changes nothing.
+    like a file import. Several annotators of one task are several answers, settled by the
+    project's ``store.conflicts``; what none settles is a dispute (in the result's
+    ``disputes``), never a refused pull: the rest is imported. ``force``: the newest answer
+    wins. Re-pulling unchanged annotations changes nothing.
 
     Raises:
         LabelStudioError: not connected, Label Studio unreachable or the token refused.
-        LabelConflictError: an annotation would replace another annotator's label and
-            ``force`` is off (nothing written).
     """
     from eada.store.labelfiles import ImportFileError, read_label_studio
 

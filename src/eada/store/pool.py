@@ -39,7 +39,7 @@ from eada.config import FeatureData, ImageListData
 from eada.data.features import domain_statistics, normalize_features
 from eada.store.config import FolderData
 from eada.store.data import confine, content_hash
-from eada.store.db import StoreError, how, now
+from eada.store.db import StoreError, how, now, q
 from eada.store.targets import (
     SampleInfo,
     TargetRows,
@@ -81,6 +81,22 @@ def target_listing(project: Any) -> list[Path] | None:
     return [p.resolve() for p in paths]
 
 
+def _links_to(project: Any) -> dict[Path, Path]:
+    """``{where a link resolves: the link}`` for the symbolic links in an unlabeled image
+    target's folder (so that a scan names the link, not only the file it points at)."""
+    spec = Path(project.cfg.data.target)
+    if not spec.is_dir():
+        return {}
+    out: dict[Path, Path] = {}
+    for p in spec.rglob("*"):
+        if p.is_symlink():
+            try:
+                out.setdefault(p.resolve(), p)
+            except OSError:
+                continue
+    return out
+
+
 def pool_changes(project: Any) -> PoolChanges | None:
     """New and vanished target files since they were registered (``None``: a target that
     cannot grow this way, see :func:`target_listing`)."""
@@ -98,7 +114,7 @@ def pool_changes(project: Any) -> PoolChanges | None:
 def changes_note(project: Any) -> str | None:
     """One line naming the command when the target folder/list (or the target's feature
     file: rows with new ids, registered ids gone) changed, else ``None``."""
-    run = how(f"eada target scan --store {project.folder}", "project.scan_target()")
+    run = how(f"eada target scan --store {q(project.folder)}", "project.scan_target()")
     rows = row_changes(project)
     if rows is not None:
         if not rows:
@@ -167,20 +183,21 @@ def scan_target(project: Any, progress: Progress = None) -> dict[str, Any]:
         )
     }
     roots = store.roots()
-    problems = []
+    outside: dict[Path, str] = {}
+    links = _links_to(project)
     for p in ch.new:
         try:
             confine(p, roots)
         except ValueError as err:
-            problems.append(str(err))
-    if problems:
-        raise StoreError(
-            f"{len(problems)} new target file(s) lie outside the data roots of {project.folder}: "
-            + "; ".join(problems[:5])
-        )
+            link = links.get(p)
+            outside[p] = (
+                f"{link} is a link to {p}, outside the data roots: not registered"
+                if link is not None
+                else f"{err}: not registered"
+            )
     bad: dict[Path, str] = {}
     extracted = 0
-    new = list(ch.new)
+    new = [p for p in ch.new if p not in outside]  # the good new files are registered anyway
     data: Any = project.cfg.data
     frozen = isinstance(data, ImageListData) and project.cfg.model.freeze_backbone
     if (new or gone) and frozen:  # the pool's features: cached rows + the new ones
@@ -195,6 +212,7 @@ def scan_target(project: Any, progress: Progress = None) -> dict[str, Any]:
             except ValueError as err:
                 bad[p] = str(err)
         new = [p for p in new if p not in bad]
+    bad = {**outside, **bad}
     domain = rows[0]["domain"] if rows else Path(str(data.target)).stem
     returned = [p for p in new if p in old_ids]
     with store.transaction() as c:
@@ -317,7 +335,7 @@ def _check_not_interrupted(project: Any) -> None:
     if ck is not None and ck["kind"] == "epoch":
         raise StoreError(
             "a training segment was interrupted: finish it with "
-            f"{how(f'eada train --store {project.folder}', 'project.train()')} before scanning "
+            f"{how(f'eada train --store {q(project.folder)}', 'project.train()')} before scanning "
             "the target"
         )
 
@@ -473,7 +491,7 @@ def registered_rows(project: Any) -> TargetRows | None:
         raise StoreError(
             f"{len(gone)} registered target row(s) vanished from {data.target} (first "
             f"{'id' if reg.by_id else 'row'}: {gone[0]}): leave them out of the pool with "
-            + how(f"eada target scan --store {project.folder}", "project.scan_target()")
+            + how(f"eada target scan --store {q(project.folder)}", "project.scan_target()")
         )
     stats = _frozen_statistics(project, data, x, where, reg)
     take = [where[reg.keys[r["id"]]] for r in reg.active()]

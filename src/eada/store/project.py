@@ -37,6 +37,7 @@ import torch
 from eada.config import ExperimentConfig, FeatureData
 from eada.data.features import domain_statistics
 from eada.store import labelstudio
+from eada.store.agreement import open_disputes, pairwise_agreement
 from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import StoreOptions, absolute_config, resolved_config
@@ -60,6 +61,7 @@ from eada.store.unlabeled import (
 from eada.train import ActiveDATrainer, GateSchedule
 
 Progress = Callable[[str], None] | None
+MAX_EPOCHS = 1_000_000  # one `eada train --epochs N` segment (epochs are SQLite integers)
 
 
 def init_project(
@@ -174,6 +176,8 @@ class Project(ProjectRounds):
                     f"pulled from Label Studio: {got['new']} new, {got['corrections']} "
                     f"corrections, {got['skipped']} skipped, {got['unchanged']} unchanged"
                 )
+        self.check_labeled_files()
+        self.export_missing()  # a round recorded by a killed command gets its files
         ck = self.store.latest_checkpoint()
         e0 = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch" and epochs is None:
@@ -183,15 +187,28 @@ class Project(ProjectRounds):
         if epochs is not None:
             if epochs < 1:
                 raise ValueError(f"--epochs must be >= 1, got {epochs}")
+            if epochs > MAX_EPOCHS:
+                raise ValueError(
+                    f"--epochs {epochs} is more than {MAX_EPOCHS:,} epochs in one segment; "
+                    "train in steps of at most that"
+                )
             end = e0 + epochs
         else:
             action = self.next_action()
             rounds = self.store.active_rounds()  # audit rounds are outside the schedule
             if action == "label" and not partial:
                 c = self.round_counts(rounds[-1]["id"])
+                n_disputed = len(open_disputes(self.store.conn))
+                disputed = (
+                    f"; {n_disputed} disputed by their annotators (listed by "
+                    f"{how('eada status', 'project.status()')}; `store.conflicts` settles them)"
+                    if n_disputed
+                    else ""
+                )
                 raise StoreError(
                     f"round {rounds[-1]['number']} awaits an answer for {c['pending']} of its "
-                    f"{c['selected']} samples ({c['labeled']} labeled, {c['skipped']} skipped): "
+                    f"{c['selected']} samples ({c['labeled']} labeled, {c['skipped']} skipped"
+                    f"{disputed}): "
                     "import labels or skips with "
                     f"{how('eada label import FILE', 'project.import_labels(FILE)')} (a `skip` "
                     "column marks a sample unusable), or train with the labels so far: "
@@ -395,6 +412,13 @@ class Project(ProjectRounds):
             "rounds": rounds,
             "history": history,
             "accuracy": accuracy_summary(self, history),
+            "disputes": open_disputes(conn),
+            "agreement": pairwise_agreement(conn),
+            "conflicts": {
+                "policy": self.options.conflicts,
+                "tie": self.options.conflict_tie,
+                "reviewer": self.options.reviewer,
+            },
             "audit": audit_summary(conn),
             "coverage": class_coverage(conn),
             "pool_predicted": pool_predictions(conn),
@@ -407,9 +431,66 @@ class Project(ProjectRounds):
             "next": self.next_action(),
         }
 
+    SETTABLE = (
+        "conflicts",
+        "conflict_tie",
+        "reviewer",
+        "label_studio_root",
+        "near_duplicate_threshold",
+    )
+
+    def set_options(self, updates: dict[str, Any]) -> dict[str, Any]:
+        """Change keys of the project's ``store:`` section after ``eada init`` (``eada config
+        set``): ``conflicts``, ``conflict_tie``, ``reviewer``, ``label_studio_root`` (every
+        target image must lie under it), ``near_duplicate_threshold``. Validated as at init;
+        a new conflicts policy settles the open disputes it can at once. Returns the new
+        section and the import result of that settling.
+
+        Raises:
+            ConfigError: a key that may not change after init, or an invalid value.
+        """
+        from eada.config import ConfigError
+        from eada.store.config import split_store_section
+
+        self.store.check_writable()
+        bad = sorted(set(updates) - set(self.SETTABLE))
+        if bad:
+            raise ConfigError(
+                f"store.{bad[0]} cannot change after `eada init`; settable: "
+                + ", ".join(f"store.{k}" for k in self.SETTABLE)
+            )
+        raw = self.store.get_json("config") or {}
+        section = {**(raw.get("store") or {}), **updates}
+        if section.get("label_studio_root") is not None:
+            section["label_studio_root"] = str(Path(section["label_studio_root"]).absolute())
+        _, options = split_store_section({"store": section})
+        if options.label_studio_root is not None:
+            root = label_studio_root([], options.label_studio_root)
+            assert root is not None
+            outside = [
+                r["path"]
+                for r in self.store.samples("target")
+                if r["path"] and root not in Path(r["path"]).parents
+            ]
+            if outside:
+                raise ConfigError(
+                    f"store.label_studio_root {root}: {len(outside)} target image(s) lie "
+                    f"outside it (first: {outside[0]}); name a folder that holds them all"
+                )
+        with self.store.transaction():
+            self.store.set_meta(
+                "config", json.dumps({**raw, "store": options_json(options)}, default=str)
+            )
+        self.options = options
+        settled = self._write_labels(
+            [], "(store.conflicts changed)", "", "policy", "config", "human", False
+        )
+        return {"store": options_json(options), "settled": settled}
+
     def export(self, out: str | Path, force: bool = False) -> dict[str, str]:
         """Write ``labels.csv`` (labels in force), ``labels_history.csv`` (every row,
-        corrections and skips included: ``skip`` holds the reason), ``model.pt`` (the last
+        corrections and skips included: ``skip`` holds the reason), ``disputes.csv`` (each
+        annotator's answer of every open dispute), ``model.pt`` (the last
         checkpoint's model weights, a plain ``state_dict``), ``model.json`` (config,
         classes, SHA-256 of ``model.pt``) and ``predictions.csv``.
 
@@ -459,6 +540,26 @@ class Project(ProjectRounds):
                 for row in conn.execute(query.format(where=where)):
                     w.writerow(["" if v is None else csv_safe(v) for v in tuple(row)])
                 files[name] = buf.getvalue().encode("utf-8")
+            buf = io.StringIO(newline="")
+            w = csv.writer(buf, lineterminator="\n")
+            w.writerow(["sample_id", "path", "annotator", "answer", "origin", "in_force", "opened"])
+            for d in open_disputes(conn):  # one row per annotator of each open dispute
+                for who, answer in d["answers"].items():
+                    w.writerow(
+                        [
+                            csv_safe(v)
+                            for v in (
+                                d["sample_id"],
+                                d["path"] or d.get("external_id") or "",
+                                who,
+                                answer,
+                                d["origins"].get(who, ""),
+                                d["in_force"] or "",
+                                d["opened"],
+                            )
+                        ]
+                    )
+            files["disputes.csv"] = buf.getvalue().encode("utf-8")
             ck = self.store.latest_checkpoint()
             state = self.load_checkpoint(ck) if ck is not None else None  # refused: nothing written
             if ck is not None and state is not None:

@@ -23,9 +23,10 @@ from pathlib import Path
 
 _SHOWN = 10  # outside files named in one error
 NO_DOCUMENT_ROOT = (
-    "no Label Studio document root: the folder holding every data root is / or a parent of "
-    "a home folder, which Label Studio must not serve; set store.label_studio_root to the "
-    "folder that holds the images (or keep them under one folder)"
+    "no Label Studio document root: the folder holding every data root of the target images "
+    "is / or a parent of a home folder, which Label Studio must not serve; name the folder "
+    "that holds them (Label Studio's LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT) with `eada "
+    "labelstudio connect --root DIR` or `eada config set store.label_studio_root=DIR`"
 )
 
 

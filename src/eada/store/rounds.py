@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from eada.store import labelstudio
+from eada.store.agreement import open_disputes
 from eada.store.checkpoints import crash_point
-from eada.store.db import AUDIT, StoreError, how, now
+from eada.store.db import AUDIT, StoreError, how, now, q
 from eada.store.labelfiles import (
     export_rows_csv,
     label_studio_config,
@@ -20,7 +21,7 @@ from eada.store.labelfiles import (
     write_atomic,
 )
 from eada.store.labels import ProjectLabels
-from eada.store.roots import NO_DOCUMENT_ROOT, label_studio_root
+from eada.store.roots import NO_DOCUMENT_ROOT
 from eada.store.unlabeled import predicted_scores, round_rows_extra
 from eada.train import ActiveDATrainer
 
@@ -36,6 +37,8 @@ class ProjectRounds(ProjectLabels):
         strategy random state) in one transaction, and export it. When the last round still
         awaits labels, nothing is selected: its batch is exported again."""
         self.store.check_writable()
+        self.export_missing()
+        self.check_labeled_files()
         rounds = self.store.active_rounds()
         if self.pending():
             last = rounds[-1]
@@ -192,24 +195,36 @@ class ProjectRounds(ProjectLabels):
         self.store.check_writable()
         if n < 1:
             raise ValueError(f"--audit must be >= 1, got {n}")
+        redo = self.export_missing()
+        last_round = self.store.rounds()[-1] if self.store.rounds() else None
+        if (
+            last_round is not None
+            and last_round["strategy"] == AUDIT
+            and (last_round["number"] in redo)
+        ):
+            # a retry of an audit killed after its round was recorded: the files, not a second
+            # audit
+            files = {
+                k: str(v) for k, v in self.round_files(last_round["number"]).items() if v.exists()
+            }
+            return {
+                "round": last_round["number"],
+                "audit": True,
+                "reexported": True,
+                "labelstudio_error": self._push_to_label_studio(),
+                "files": files,
+                "selected": last_round["budget"],
+                "pool": json.loads(last_round["info"]).get("pool"),
+                "epoch": last_round["epoch"],
+            }
+        self.check_labeled_files()
         pending = self.pending()
-        if pending:
-            last = self.store.active_rounds()[-1]["number"]
-            raise StoreError(
-                f"round {last} awaits labels for {len(pending)} samples; an audit draws from the "
-                "unlabeled pool, so label that round first "
-                + "("
-                + how(
-                    f"eada label import FILE --store {self.folder}", "project.import_labels(FILE)"
-                )
-                + ")"
-            )
         ck = self.store.latest_checkpoint()
         epoch = 0 if ck is None else ck["epoch"]
         if ck is not None and ck["kind"] == "epoch":
             raise StoreError(
                 "a training segment was interrupted: finish it first "
-                f"({how(f'eada train --store {self.folder}', 'project.train()')})"
+                f"({how(f'eada train --store {q(self.folder)}', 'project.train()')})"
             )
         trainer = ActiveDATrainer(self.cfg, self.task)
         if ck is not None:
@@ -217,6 +232,14 @@ class ProjectRounds(ProjectLabels):
         n_label_rows = self._n_label_rows()
         trainer.set_labels(*self._labels_tensor())
         free = ~trainer.labeled_mask & ~self._audit_mask()
+        skipped = [s["position"] for s in self.store.current_skips() if s["position"] >= 0]
+        if skipped:
+            free[torch.tensor(skipped, dtype=torch.long)] = False
+        # samples out for labeling in the open round are not drawn (their answers will come
+        # from the active round): the estimate is for the pool without them, and says so
+        out_now = [p["position"] for p in pending if p["position"] >= 0]
+        if out_now:
+            free[torch.tensor(out_now, dtype=torch.long)] = False
         pool = torch.nonzero(free).squeeze(1)
         if n > len(pool):
             raise StoreError(f"--audit {n}: the unlabeled pool holds only {len(pool)} samples")
@@ -244,7 +267,10 @@ class ProjectRounds(ProjectLabels):
             for k, pos in enumerate(chosen.tolist())
         ]
         n_trained = int(trainer.labeled_mask.sum())
-        info = {"pool": len(pool), "epoch": epoch, "n_labeled_trained": n_trained}
+        info: dict[str, Any] = {"pool": len(pool), "epoch": epoch, "n_labeled_trained": n_trained}
+        if out_now:
+            info["excluded_pending"] = len(out_now)
+            info["pending_round"] = self.store.active_rounds()[-1]["number"]
 
         def changed() -> str | None:
             if len(self.store.rounds()) == n_all and self._n_label_rows() == n_label_rows:
@@ -252,7 +278,7 @@ class ProjectRounds(ProjectLabels):
             return (
                 "another process changed the project while this audit was drawn; nothing "
                 "was recorded: see "
-                + how(f"eada status --store {self.folder}", "project.status()")
+                + how(f"eada status --store {q(self.folder)}", "project.status()")
                 + " and draw it again"
             )
 
@@ -278,6 +304,8 @@ class ProjectRounds(ProjectLabels):
             "selected": n,
             "pool": len(pool),
             "epoch": epoch,
+            "excluded_pending": info.get("excluded_pending", 0),
+            "pending_round": info.get("pending_round"),
         }
 
     def _record_round(
@@ -339,8 +367,10 @@ class ProjectRounds(ProjectLabels):
     def round_rows(self, number: int) -> list[dict[str, Any]]:
         """Round ``number``'s selected samples in rank order: ids, path, the model's class and
         score, the strategy's scores and the answer in force (``label``, ``annotator``,
-        ``skip``) and ``near_duplicate_of`` (an earlier-ranked sample of the round whose
-        features are near-identical)."""
+        ``skip``), ``dispute`` (each annotator's answer where they disagree) and
+        ``near_duplicate_of`` (an earlier-ranked sample of the round whose features are
+        near-identical). An audit round's rows (``audit`` true) are blind: no model guess,
+        score or strategy score (the estimate reads them from the store, not the files)."""
         rnd = self.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
         if rnd is None:
             raise StoreError(f"no round {number} in this project")
@@ -348,13 +378,22 @@ class ProjectRounds(ProjectLabels):
         extra = round_rows_extra(self.store.conn)
         answers = {a["sample_id"]: a for a in self.store.answers()}
         dups = {d["sample_id"]: d for d in json.loads(rnd["info"]).get("near_duplicates", [])}
+        disputed = {d["sample_id"]: d for d in open_disputes(self.store.conn)}
+        audit = rnd["strategy"] == AUDIT
         for s in self.store.selected(rnd["id"]):
             ans = answers.get(s["sample_id"])
             sc = json.loads(s["scores"])
             pred = sc.pop("predicted")
+            if audit:  # blind: no model guess where an annotator sees an audit sample
+                pred, sc = None, {}
             dup = dups.get(s["sample_id"])
+            dis = disputed.get(s["sample_id"])
             rows.append(
                 {
+                    "audit": audit,
+                    "dispute": None
+                    if dis is None
+                    else "; ".join(f"{a}: {v}" for a, v in dis["answers"].items()),
                     "near_duplicate_of": None
                     if dup is None
                     else f"{dup['of']} (cosine {dup['cosine']:.3f})",
@@ -375,6 +414,31 @@ class ProjectRounds(ProjectLabels):
             )
         return rows
 
+    def round_files(self, number: int) -> dict[str, Any]:
+        """The export files of round ``number`` (paths; they may not exist)."""
+        out = self.folder / "exports"
+        stem = out / f"round-{number:03d}"
+        return {
+            "csv": stem.with_suffix(".csv"),
+            "json": stem.with_suffix(".json"),
+            "label_studio": stem.with_name(stem.name + ".labelstudio.json"),
+            "label_studio_config": out / "labelstudio-config.xml",
+        }
+
+    def export_missing(self) -> list[int]:
+        """Export every round whose CSV or JSON is missing (a process killed between recording
+        a round and writing its files); returns their numbers. A store this user may not
+        write is left as it is."""
+        if self.store.readonly or self.store.get_meta("mode") == "simulated":
+            return []  # a simulated run exports nothing (``eada train --simulate``)
+        done = []
+        for r in self.store.rounds():
+            f = self.round_files(r["number"])
+            if not f["csv"].is_file() or not f["json"].is_file():
+                self.export_round(r["number"])
+                done.append(r["number"])
+        return done
+
     def export_round(self, number: int) -> dict[str, str]:
         """Write round ``number``'s batch as CSV, JSON and Label Studio tasks (+ config)."""
         rows = self.round_rows(number)
@@ -382,13 +446,7 @@ class ProjectRounds(ProjectLabels):
         score_names = list(rows[0]["scores"]) if rows else []
         out = self.folder / "exports"
         out.mkdir(exist_ok=True)
-        stem = out / f"round-{number:03d}"
-        files = {
-            "csv": stem.with_suffix(".csv"),
-            "json": stem.with_suffix(".json"),
-            "label_studio": stem.with_name(stem.name + ".labelstudio.json"),
-            "label_studio_config": out / "labelstudio-config.xml",
-        }
+        files = self.round_files(number)
         write_atomic(files["csv"], export_rows_csv(rows, score_names))
         doc = {
             "round": number,
@@ -397,16 +455,26 @@ class ProjectRounds(ProjectLabels):
             "classes": self.classes,
             "samples": rows,
         }
-        root = label_studio_root(self.store.roots(), self.options.label_studio_root)
+        images = any(r["path"] for r in rows)
+        root = labelstudio.document_root_or_none(self) if images else None
         roots = [] if root is None else [root]
         doc["label_studio_document_root"] = None if root is None else str(root)
-        if root is None and any(r["path"] for r in rows):
-            doc["label_studio_note"] = NO_DOCUMENT_ROOT
+        tasks: list[dict[str, Any]] | None = None
+        if images and root is None:
+            doc["label_studio_note"] = NO_DOCUMENT_ROOT + (
+                f"; {files['label_studio'].name} is not written (its image URLs would not resolve)"
+            )
+        else:
+            try:
+                tasks = label_studio_tasks(rows, roots, number)
+            except ValueError as err:
+                doc["label_studio_note"] = f"{err}; {files['label_studio'].name} is not written"
+        if tasks is None:  # never a Label Studio file with URLs that do not resolve
+            files["label_studio"].unlink(missing_ok=True)
+            del files["label_studio"]
         write_atomic(files["json"], json.dumps(doc, indent=1))
-        write_atomic(
-            files["label_studio"], json.dumps(label_studio_tasks(rows, roots, number), indent=1)
-        )
-        images = any(r["path"] for r in rows)
+        if tasks is not None:
+            write_atomic(files["label_studio"], json.dumps(tasks, indent=1))
         write_atomic(files["label_studio_config"], label_studio_config(self.classes, images))
         return {k: str(v) for k, v in files.items()}
 

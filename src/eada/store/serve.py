@@ -8,9 +8,10 @@ route       method   answer
 /setup      POST     ``{"model_version": V}`` (V names the store's latest checkpoint)
 /predict    POST     ``{"results": [...]}``: for each task holding an eada ``sample_id``, the
                      latest model's class as a ``choices`` result of the ``label`` control,
-                     with its probability as ``score``; an empty result for any other task
+                     with its probability as ``score``; an empty result for an audit
+                     sample (the audit is blind) and for any other task
 /webhook    POST     an annotation event of a connected store pulls the annotations
-                     (``eada labelstudio pull``); conflicts are refused as there
+                     (``eada labelstudio pull``); disagreements become disputes as there
 =========== ======== ==========================================================================
 
 Predictions come from the latest checkpoint of the store, computed once per checkpoint for the
@@ -65,6 +66,7 @@ class Backend:
             raise ValueError("/predict: the request needs a 'tasks' list")
         preds = self.predictions()
         version = self.model_version()
+        audit = self.project.store.audit_sample_ids()  # blind: never a guess for them
         results: list[dict[str, Any]] = []
         for t in tasks:
             data = t.get("data") if isinstance(t, dict) else None
@@ -72,6 +74,8 @@ class Backend:
             got = (
                 preds.get(int(sid)) if isinstance(sid, (int, str)) and str(sid).isdigit() else None
             )
+            if got is not None and (int(str(sid)) in audit or data.get("audit")):  # type: ignore[union-attr]
+                got = None
             if got is None:
                 results.append({"model_version": version, "result": []})
                 continue

@@ -239,16 +239,13 @@ def load_store_images(
 
 # -- feature matrices -----------------------------------------------------------------------
 def _feature_file_has_labels(path: Path) -> bool:
-    from eada.data.features import LABEL_KEYS
+    from eada.data.features import LABEL_KEYS, read_array_file
 
     suffix = path.suffix.lower()
-    if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as z:
-            return any(k in z.files for k in LABEL_KEYS)
-    if suffix == ".mat":
-        from scipy.io import loadmat
-
-        return any(k in LABEL_KEYS for k in loadmat(path))
+    if suffix in (".npz", ".mat"):
+        if not path.is_file():
+            raise FileNotFoundError(f"feature file not found: {path}")
+        return any(k in LABEL_KEYS for k in read_array_file(path))  # a bad file: named
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -261,14 +258,14 @@ def read_unlabeled_features(
 ) -> tuple[np.ndarray, SampleInfo]:
     """Features ``(N, D)`` of an unlabeled feature file and its optional ``ids``/``paths``
     (``.npz``/``.mat`` arrays, ``.parquet`` columns ``id``/``path``)."""
-    from eada.data.features import FEATURE_KEYS, LABEL_KEYS, _pick, read_array_file
+    from eada.data.features import FEATURE_KEYS, LABEL_KEYS, _pick, load_npy, read_array_file
 
     if not path.is_file():
         raise FileNotFoundError(f"feature file not found: {path}")
     suffix = path.suffix.lower()
     extra: dict[str, Any] = {}
     if suffix == ".npy":
-        x = np.load(path, allow_pickle=False)
+        x = load_npy(path)
     elif suffix in (".npz", ".mat"):
         arrays = read_array_file(path)
         x = arrays[_pick(list(arrays), features_key, FEATURE_KEYS, "features")]

@@ -216,6 +216,8 @@ def audit_summary(conn: sqlite3.Connection) -> dict[str, Any]:
                 "checkpoint": r["checkpoint"],
             },
             "pool": info.get("pool"),
+            "excluded_pending": info.get("excluded_pending", 0),
+            "pending_round": info.get("pending_round"),
         }
         if rows:
             lo, hi = wilson_interval(hits, len(rows))
@@ -231,9 +233,15 @@ def audit_headline(r: dict[str, Any]) -> str:
     which model (``audit round 3: 20 drawn uniformly from a pool of 275, model of epoch 12
     trained on 8 target labels``)."""
     m = r["model"]
+    minus = ""
+    if r.get("excluded_pending"):
+        minus = (
+            f" (the unlabeled pool minus the {r['excluded_pending']} samples of round "
+            f"{r['pending_round']} out for labeling: the estimate is for that pool)"
+        )
     return (
-        f"audit round {r['round']}: {r['drawn']} drawn uniformly from a pool of {r['pool']}, "
-        f"model of epoch {m['epoch']} trained on {m['trained_labels']} target labels"
+        f"audit round {r['round']}: {r['drawn']} drawn uniformly from a pool of {r['pool']}"
+        f"{minus}, model of epoch {m['epoch']} trained on {m['trained_labels']} target labels"
     )
 
 

