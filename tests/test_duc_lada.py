@@ -491,7 +491,10 @@ def test_duc_configs_follow_the_authors_protocol() -> None:
         assert cfg.optim.lr == (0.001 if visda else 0.004)
         assert cfg.optim.nesterov and cfg.optim.schedule == "inv"
         assert (cfg.optim.schedule_gamma, cfg.optim.schedule_power) == (0.001, 0.75)
-        assert cfg.data.transforms.train_crop == ("center" if visda else "random_resized")
+        tf = cfg.data.transforms  # type: ignore[union-attr]
+        assert tf.train_crop == ("center" if visda else "random_resized")
+        assert (tf.scoring_view, tf.unlabeled_view) == ("train_plain", "train_plain")
+        assert tf.jitter == (0.4, 0.4, 0.4, 0.1) and tf.hflip  # COLORJITTER_SCALAR 0.5
 
 
 def test_inv_schedule_and_nesterov_in_the_trainer() -> None:

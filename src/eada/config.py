@@ -121,10 +121,11 @@ class ImageTransforms(_Strict):
     # the train view's crop after resizing to resize x resize: random (default), center (DUC's
     # VisDA-2017 runs), random_resized (torchvision's RandomResizedCrop: DUC's Office-Home)
     train_crop: Literal["random", "center", "random_resized"] = "random"
-    scoring_view: Literal["random_crop", "test"] = "random_crop"
+    # train_plain (scoring and unlabeled): the train view without colour jitter (DUC's target view)
+    scoring_view: Literal["random_crop", "test", "train_plain"] = "random_crop"
     # the unlabeled-target training stream: ``train`` (the train view above) or ``random_crop``
     # (shorter side to ``resize``, random crop, no jitter: the authors' code; paper configs)
-    unlabeled_view: Literal["train", "random_crop"] = "train"
+    unlabeled_view: Literal["train", "random_crop", "train_plain"] = "train"
     normalization: Literal["auto", "imagenet", "efficientnet_lite", "inception", "none"] = "auto"
 
     @model_validator(mode="after")

@@ -12,7 +12,9 @@ The authors' code (see ``docs/reference-protocol.md``) uses three views of an im
 
 The authors' code feeds the unlabeled-target training stream that same shorter-side + random
 crop view without jitter (``random_crop``; ``data.transforms.unlabeled_view: random_crop``, the
-paper configs); ``unlabeled_view: train`` feeds it the train view.
+paper configs); ``unlabeled_view: train`` feeds it the train view; ``train_plain`` (also a
+``scoring_view``) is the train view without colour jitter (DUC's target view: their unlabeled
+and scoring loaders use it).
 
 Each view ends with ``ToTensor`` and the backbone's normalisation: ImageNet mean/std for
 torchvision/timm ResNets, ``(255 x - 127) / 128`` for EfficientNet-Lite.
@@ -39,7 +41,7 @@ __all__ = [
     "transform_key",
 ]
 
-View = Literal["train", "test", "score", "random_crop", "strong", "anchor"]
+View = Literal["train", "test", "score", "random_crop", "strong", "anchor", "train_plain"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class TransformSpec:
     test_resize: int = 288
     jitter: tuple[float, float, float, float] | None = (0.4, 0.4, 0.4, 0.1)
     hflip: bool = False
-    scoring_view: Literal["random_crop", "test"] = "random_crop"
+    scoring_view: Literal["random_crop", "test", "train_plain"] = "random_crop"
     train_crop: Literal["random", "center", "random_resized"] = "random"
 
     def __post_init__(self) -> None:
@@ -101,7 +103,7 @@ def build_transform(
                 *tail,
             ]
         )
-    if view == "train":
+    if view in ("train", "train_plain") or (view == "score" and spec.scoring_view == "train_plain"):
         crop = {
             "random": T.RandomCrop,
             "center": T.CenterCrop,
@@ -110,7 +112,7 @@ def build_transform(
         ops: list[Any] = [T.Resize((spec.resize, spec.resize)), crop]
         if spec.hflip:
             ops.append(T.RandomHorizontalFlip())
-        if spec.jitter is not None:
+        if spec.jitter is not None and view == "train":
             ops.append(T.ColorJitter(*spec.jitter))
         return T.Compose(ops + tail)
     if view == "test" or (view == "score" and spec.scoring_view == "test"):
@@ -125,7 +127,8 @@ def build_transform(
     if view in ("score", "random_crop"):
         return T.Compose([T.Resize(spec.resize), T.RandomCrop(spec.crop), *tail])
     raise ValueError(
-        f"unknown view {view!r}; known: train, test, score, random_crop, strong, anchor"
+        f"unknown view {view!r}; known: train, test, score, random_crop, strong, anchor, "
+        "train_plain"
     )
 
 
