@@ -495,6 +495,7 @@ def test_duc_configs_follow_the_authors_protocol() -> None:
         assert tf.train_crop == ("center" if visda else "random_resized")
         assert (tf.scoring_view, tf.unlabeled_view) == ("train_plain", "train_plain")
         assert tf.jitter == (0.4, 0.4, 0.4, 0.1) and tf.hflip  # COLORJITTER_SCALAR 0.5
+        assert cfg.model.bottleneck_dim == 256 and cfg.model.bottleneck_relu  # their ResNetFc
 
 
 def test_inv_schedule_and_nesterov_in_the_trainer() -> None:
@@ -963,6 +964,14 @@ def test_lada_dann_solver_cosine_head_and_target_only_epochs() -> None:
     logs = tr.train_step()
     assert {"dann_domain", "dann_entropy"} <= set(logs)
     assert "domain_source_prob" in tr.aux.pool_scores(np.zeros((4, 2), np.float32), tr.device)
+    # DUC's bottleneck: Linear -> BN -> ReLU (model.bottleneck_relu)
+    tr = _toy_trainer("duc", ["model.bottleneck_dim=8", "model.bottleneck_relu=true"])
+    assert [type(m).__name__ for m in tr.model.bottleneck] == ["Linear", "BatchNorm1d", "ReLU"]
+    assert (tr.model.embed(tr.task.target.x[:16]) >= 0).all()
+    with pytest.raises(ConfigError, match="bottleneck_relu"):
+        from eada.hparams import preset_config
+
+        preset_config("toy", "duc", 0, ["model.bottleneck_relu=true"])
     # the cosine classifier: the head sees normalize(z) / T
     tr = _toy_trainer("las", ["active.rounds_at=[1]", "model.cosine_temperature=0.05"])
     x = tr.task.target.x[:8]

@@ -195,6 +195,8 @@ class ModelConfig(_Strict):
     weights: str | None = "pretrained"
     factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     bottleneck_dim: int | None = Field(None, ge=1)  # Linear -> BatchNorm1d before the head
+    # a ReLU after the bottleneck's BatchNorm1d (DUC's ResNetFc; EADA's and LADA's have none)
+    bottleneck_relu: bool = False
     freeze_backbone: bool = False  # extract features once (cached), train the head only
     # keep the bottleneck BatchNorm's scale/shift at 1/0 (never trained), as the authors' code
     # does (its optimiser never receives them); the paper configs set it, off elsewhere
@@ -205,6 +207,8 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _bn_needs_bottleneck(self) -> ModelConfig:
+        if self.bottleneck_relu and not self.bottleneck_dim:
+            raise ValueError("model.bottleneck_relu needs a bottleneck: set model.bottleneck_dim")
         if self.freeze_bottleneck_bn_affine and not self.bottleneck_dim:
             raise ValueError(
                 "model.freeze_bottleneck_bn_affine needs a bottleneck: set model.bottleneck_dim"

@@ -19,6 +19,7 @@ class EnergyNet(nn.Module):
         num_classes: number of classes ``C``; the head outputs ``C`` energies.
         bottleneck_dim: if given, ``Linear(feature_dim, d) -> BatchNorm1d(d)`` before the head
             (the reference code's head; no ReLU in between).
+        bottleneck_relu: a ReLU after the bottleneck's batch norm (DUC's network).
     """
 
     def __init__(
@@ -27,14 +28,19 @@ class EnergyNet(nn.Module):
         feature_dim: int,
         num_classes: int,
         bottleneck_dim: int | None = None,
+        bottleneck_relu: bool = False,
     ) -> None:
         super().__init__()
         self.backbone = backbone
         self.bottleneck: nn.Module
         if bottleneck_dim:
-            self.bottleneck = nn.Sequential(
-                nn.Linear(feature_dim, bottleneck_dim), nn.BatchNorm1d(bottleneck_dim)
-            )
+            layers: list[nn.Module] = [
+                nn.Linear(feature_dim, bottleneck_dim),
+                nn.BatchNorm1d(bottleneck_dim),
+            ]
+            if bottleneck_relu:  # DUC's ResNetFc: Linear -> BN -> ReLU
+                layers.append(nn.ReLU())
+            self.bottleneck = nn.Sequential(*layers)
             head_in = bottleneck_dim
         else:
             self.bottleneck = nn.Identity()
