@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -20,47 +21,115 @@ from eada.config import ConfigError, load_config
 from eada.strategies import PoolOutputs, get_strategy
 from eada.strategies import lada as lada_mod
 from eada.strategies.components import Evidential, StepBatch, evidential_loss
-from eada.strategies.duc import duc_scores
+from eada.strategies.duc import dirichlet_uncertainties
 
 # ---------------------------------------------------------------- DUC
 
 
-def _authors_duc(logits: torch.Tensor, active_ratio: float, kappa: float) -> list[int]:
-    """DUC_active: per-sample (index, U_dis, U_data) rows, sort by U_dis (descending, stable),
-    keep ceil(N * ratio * kappa), sort those by U_data, take ceil(N * ratio)."""
-    rows = []
-    for i in range(len(logits)):
-        alpha = torch.exp(logits[i : i + 1])
+def _authors_duc(
+    logits: torch.Tensor, totality: int, active_ratio: float, kappa: float, batch: int = 32
+) -> list[int]:
+    """DUC_active's semantics: the float32 outputs scored a loader batch at a time (here a
+    sequential loader: theirs is shuffled), one (index, U_dis, U_data) row per sample as
+    Python floats, sorted by U_dis (descending, Python's stable sort), the first
+    ceil(totality * ratio * kappa) kept, sorted by U_data, the first ceil(totality * ratio)."""
+    rows: list[list[float]] = []
+    for start in range(0, len(logits), batch):
+        out = logits[start : start + batch]
+        alpha = torch.exp(out)
         total = torch.sum(alpha, dim=1, keepdim=True)
         p = alpha / total
         point_entropy = -torch.sum(p * torch.log(p + 1e-7), dim=1)
-        data = torch.sum(p * (torch.digamma(total + 1) - torch.digamma(alpha + 1)), dim=1)
-        rows.append([i, (point_entropy - data).item(), data.item()])
-    n = len(logits)
-    first = sorted(rows, key=lambda r: r[1], reverse=True)[: math.ceil(n * active_ratio * kappa)]
+        data = torch.sum((alpha / total) * (torch.digamma(total + 1) - torch.digamma(alpha + 1)), 1)
+        dis = point_entropy - data
+        for i in range(len(out)):
+            rows.append([start + i, dis[i].item(), data[i].item()])
+    first = sorted(rows, key=lambda r: r[1], reverse=True)
+    first = first[: math.ceil(totality * active_ratio * kappa)]
     second = sorted(first, key=lambda r: r[2], reverse=True)
-    return [int(r[0]) for r in second[: math.ceil(n * active_ratio)]]
+    return [int(r[0]) for r in second[: math.ceil(totality * active_ratio)]]
 
 
+def _duc_pools() -> list[tuple[str, np.ndarray, int]]:
+    """(what, energies, totality): many pool shapes. Sizes 40-5,000 (Office-Home Art's 2,427,
+    where the stage-1 rules differ), 2-65 classes, pools of later rounds (smaller than the
+    target set), exact ties (quantised energies, duplicated rows), confident pools."""
+    rng = np.random.default_rng(32)
+    pools = []
+    for n, c in [(40, 2), (243, 5), (700, 12), (1000, 31), (2427, 65), (5000, 10)]:
+        e = rng.normal(scale=3.0, size=(n, c)) - 1.0
+        pools.append((f"normal {n}x{c}", e, n))
+        pools.append((f"later round {n}x{c}", e[: n - n // 20], n))
+        pools.append((f"quantised {n}x{c}", np.round(e), n))
+        dup = e.copy()
+        dup[n // 2 :] = dup[: n - n // 2]  # every sample twice
+        pools.append((f"duplicates {n}x{c}", dup, n))
+        conf = rng.normal(size=(n, c)) * 2.0
+        conf[np.arange(n), rng.integers(0, c, n)] -= rng.uniform(25, 30, n)  # logit gaps 25-30
+        pools.append((f"confident {n}x{c}", conf, n))
+    pools.append(("saturated", np.tile([[-80.0, 0.0, 0.0]], (300, 1)), 300))
+    return pools
+
+
+@pytest.mark.parametrize("ratio", [0.01, 0.02, 0.05])
 @pytest.mark.parametrize("kappa", [2, 10])
-@pytest.mark.parametrize("scale", [1.0, 4.0])
-def test_duc_picks_equal_the_authors(kappa: int, scale: float) -> None:
-    rng = np.random.default_rng(int(kappa * 10 + scale))
-    energies = rng.normal(scale=scale, size=(700, 12)) - 2.0  # evidence above and below 1
-    budget = math.ceil(700 * 0.01)
-    ours = get_strategy("duc").fn(PoolOutputs(energies=energies), budget, None, kappa=kappa)
-    theirs = _authors_duc(-torch.from_numpy(energies), 0.01, kappa)
-    assert ours.indices.tolist() == theirs
-    # the two stages matter: the plain top data uncertainty picks other samples
-    u_dis, u_data = duc_scores(energies)
-    assert set(np.argsort(-u_data)[:budget].tolist()) != set(theirs)
-    np.testing.assert_allclose(ours.scores["distributional_uncertainty"], u_dis)
+def test_duc_picks_equal_the_authors_semantics(kappa: int, ratio: float) -> None:
+    """100 % identical picks (same samples, same order) with the authors' selection on every
+    pool shape of :func:`_duc_pools`, by default (stage1 authors, float32 scores)."""
+    differ = 0
+    for what, energies, totality in _duc_pools():
+        budget = math.ceil(totality * ratio)
+        if budget > len(energies):
+            continue
+        pool = PoolOutputs(energies=energies, n_target=totality)
+        ours = get_strategy("duc").fn(pool, budget, None, kappa=kappa, budget_share=ratio)
+        theirs = _authors_duc(-torch.from_numpy(energies).float(), totality, ratio, kappa)
+        assert ours.indices.tolist() == theirs, what
+        old = get_strategy("duc").fn(pool, budget, None, kappa=kappa, stage1="budget")
+        differ += old.indices.tolist() != theirs
+    if kappa == 10 and ratio == 0.01:  # the earlier rule is not theirs (Office-Home Art)
+        assert differ > 0
+
+
+def test_duc_stage1_count_is_the_authors() -> None:
+    from eada.strategies.duc import stage1_count
+
+    assert stage1_count(2427, 25, 10, "authors", 2427, 0.01) == 243  # Office-Home Art
+    assert stage1_count(2427, 25, 10, "budget") == 250  # ours before, an option
+    assert stage1_count(55388, 554, 10, "authors", 55388, 0.01) == 5539  # VisDA-2017 real
+    assert stage1_count(55388, 554, 10, "budget") == 5540
+    assert stage1_count(2402, 25, 10, "authors", 2427, 0.01) == 243  # later round: N_T fixed
+    assert stage1_count(100, 5, 10, "authors", 2427, 0.01) == 100  # capped at the pool
+    with pytest.raises(ValueError, match="stage1"):
+        stage1_count(10, 1, 2, "nope")
+
+
+def test_duc_float32_and_float64_scores_differ_on_confident_pools() -> None:
+    """The authors score float32 outputs; on a confident pool float64 picks other samples."""
+    rng = np.random.default_rng(0)
+    e = rng.normal(size=(2000, 10)) * 2.0
+    e[np.arange(2000), rng.integers(0, 10, 2000)] -= rng.uniform(25, 30, 2000)
+    pool = PoolOutputs(energies=e, n_target=2000)
+    f32 = get_strategy("duc").fn(pool, 20, None, budget_share=0.01)
+    f64 = get_strategy("duc").fn(pool, 20, None, budget_share=0.01, precision="float64")
+    assert f32.info["precision"] == "float32"
+    assert set(f32.indices.tolist()) != set(f64.indices.tolist())
 
 
 def test_duc_rejects_overflowing_evidence_and_small_kappa() -> None:
-    pool = PoolOutputs(energies=np.array([[-800.0, 0.0], [0.0, 0.0]]))
-    with pytest.raises(ValueError, match="overflows"):
+    # float32: exp(-E) overflows below about -88.7 (the old bound said -709)
+    pool = PoolOutputs(energies=np.array([[-89.0, 0.0], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match=r"overflows below about -88\.7"):
         get_strategy("duc").fn(pool, 1, None)
+    ok = get_strategy("duc").fn(PoolOutputs(energies=np.array([[-88.0, 0.0], [0.0, 0.0]])), 1, None)
+    assert len(ok.indices) == 1
+    assert get_strategy("duc").fn(pool, 1, None, precision="float64").indices.tolist() == [1]
+    with pytest.raises(ValueError, match=r"overflows below about -709\.8"):
+        get_strategy("duc").fn(
+            PoolOutputs(energies=np.array([[-710.0, 0.0]])), 1, None, precision="float64"
+        )
+    with pytest.raises(ValueError, match="not a finite positive"):  # S underflows to 0
+        get_strategy("duc").fn(PoolOutputs(energies=np.array([[104.0, 105.0]])), 1, None)
     with pytest.raises(ValueError, match="kappa"):
         get_strategy("duc").fn(PoolOutputs(energies=np.zeros((3, 2))), 1, None, kappa=0.5)
 
@@ -122,12 +191,18 @@ def test_duc_loss_equals_the_authors_on_a_fixed_batch() -> None:
     batch = StepBatch(zs, ys, zu, zl, yl, head)
     ours, logs = Evidential(beta=1.0, lam=0.05).loss(batch)
     theirs = _authors_step_loss(-head(zs), ys, -head(zu), -head(zl), yl, 1.0, 0.05)
-    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    assert ours.dtype == torch.float64  # accumulated in float64 (log space)
+    torch.testing.assert_close(ours.float(), theirs, rtol=2e-6, atol=1e-6)
     # and the same gradient on the head
     g_ours = torch.autograd.grad(ours, head.weight)[0]
     theirs = _authors_step_loss(-head(zs), ys, -head(zu), -head(zl), yl, 1.0, 0.05)
     g_theirs = torch.autograd.grad(theirs, head.weight)[0]
     torch.testing.assert_close(g_ours, g_theirs, rtol=1e-5, atol=1e-6)
+    # the same in float64 on both sides: equal to rounding
+    x = torch.randn(16, 5, dtype=torch.float64) * 4
+    nll64, kl64 = evidential_loss(x, ys)
+    nll_a, kl_a = _authors_edl(x, ys)
+    torch.testing.assert_close((nll64, kl64), (nll_a, kl_a), rtol=1e-10, atol=1e-10)
     nll, kl = (t.detach() for t in evidential_loss(-head(zs), ys))
     assert logs["duc_nll"] == pytest.approx(float(nll)) and float(kl) > 0
     # beta = 0 drops the unlabeled terms, as their `if cfg.TRAINER.BETA > 0`
@@ -135,14 +210,87 @@ def test_duc_loss_equals_the_authors_on_a_fixed_batch() -> None:
     assert "duc_u_dis" not in logs0 and float(no_u.detach()) < float(ours.detach())
 
 
+def _kl_reference(logits: list[float], y: int) -> float:
+    """KL(Dir(a) || Dir(1)), a = y + (1 - y) exp(logits), in 160-digit arithmetic (mpmath)."""
+    mp = pytest.importorskip("mpmath")
+    with mp.workdps(160):
+        a = [mp.mpf(1) if j == y else mp.exp(mp.mpf(v)) for j, v in enumerate(logits)]
+        big = mp.fsum(a)
+        val = (
+            mp.loggamma(big)
+            - mp.loggamma(len(a))
+            - mp.fsum(mp.loggamma(v) for v in a)
+            + mp.fsum((v - 1) * (mp.digamma(v) - mp.digamma(big)) for v in a)
+        )
+        return float(val)
+
+
+def test_duc_kl_is_finite_nonnegative_and_right_for_large_logits() -> None:
+    """|logit| 50-100 (where the authors' float32 KL is NaN or negative) and beyond: finite,
+    non-negative, equal to a 160-digit reference up to 100."""
+    rng = np.random.default_rng(5)
+    rows, labels = [], []
+    for _ in range(60):
+        c = int(rng.integers(2, 13))
+        row = rng.normal(scale=3.0, size=c)
+        row[rng.integers(0, c)] = rng.uniform(50, 100) * rng.choice([-1.0, 1.0])
+        rows.append(row.astype(np.float32).tolist())
+        labels.append(int(rng.integers(0, c)))
+    rows.append([0.0, 55.0, 3.0])  # the authors: a finite NEGATIVE KL
+    labels.append(0)
+    for row, y in zip(rows, labels, strict=True):
+        x = torch.tensor([row], dtype=torch.float32)
+        nll, kl = evidential_loss(x, torch.tensor([y]))
+        ref = _kl_reference(row, y)
+        assert math.isfinite(float(kl)) and float(kl) >= 0, row
+        assert float(kl) == pytest.approx(ref, rel=1e-9, abs=1e-9), row
+        assert float(nll) == pytest.approx(float(torch.logsumexp(x.double(), 1) - x[0, y]))
+    # the authors' float32 code on the same rows: NaN or negative somewhere (what this fixes)
+    bad = 0
+    for row, y in zip(rows, labels, strict=True):
+        _, kl_a = _authors_edl(torch.tensor([row]), torch.tensor([y]))
+        bad += not (math.isfinite(float(kl_a)) and float(kl_a) >= 0)
+    assert bad > 10
+    # beyond: the target's logit any float32 (1e30 and -1e30), the others up to 1e30 and down
+    # to -700; the KL grows like exp(-logit) for a negative non-target logit, so below about
+    # -709.8 its true value passes float64's range: +inf, never NaN
+    for v in (150.0, 1e3, 1e6, 1e30, -1e30, -700.0):
+        x = torch.tensor([[v, 200.0, 1e4, -3.0]], dtype=torch.float32, requires_grad=True)
+        for y in range(4):
+            nll, kl = evidential_loss(x, torch.tensor([y]))
+            if v == -1e30 and y != 0:
+                assert float(kl.detach()) == math.inf
+                continue
+            assert math.isfinite(float(kl.detach())) and float(kl.detach()) >= 0, (v, y)
+            assert math.isfinite(float(nll.detach())) and float(nll.detach()) >= 0
+            (g,) = torch.autograd.grad(nll + kl, x)
+            if v == -700.0 and y != 0:  # d KL / d logit = -exp(700): past float32's range
+                continue
+            assert torch.isfinite(g).all(), (v, y)
+    # the unlabeled terms too
+    from eada.energy import dirichlet_uncertainties_stable
+
+    x = torch.tensor([[90.0, 0.0, -60.0], [1e6, 1e6, 0.0], [0.5, 0.2, 0.1]])
+    u_dis, u_data = dirichlet_uncertainties_stable(x)
+    assert torch.isfinite(u_dis).all() and torch.isfinite(u_data).all()
+    ref_dis, ref_data = dirichlet_uncertainties(x[2:].double())
+    torch.testing.assert_close((u_dis[2:], u_data[2:]), (ref_dis, ref_data))
+
+
 # ---------------------------------------------------------------- LAS
 
 
 def _authors_las(
-    probs: torch.Tensor, embs: torch.Tensor, n: int, k: int, m: int, seed: int
+    logits: torch.Tensor, embs: torch.Tensor, n: int, k: int, m: int, seed: int
 ) -> tuple[torch.Tensor, set[int]]:
-    """LASSampling.query on fixed outputs: full N x N similarity, topk, one propagation,
-    KMeans on the n(1+M) top candidates, their column loop over sorted distances."""
+    """LASSampling.query's semantics on fixed float32 outputs: softmax of the logits, full
+    N x N cosine similarity, topk(K + 1) without the first, one propagation, the unstable
+    descending torch sort of Q, KMeans (scikit-learn < 1.4 defaults: n_init 10) on the
+    n(1 + M) top candidates given as float64 (what scikit-learn makes of their torch tensor),
+    scikit-learn's euclidean distances, NumPy's default argsort, their column loop."""
+    from sklearn.metrics.pairwise import euclidean_distances
+
+    probs = torch.softmax(logits, dim=-1)
     embs = torch.nn.functional.normalize(embs, dim=-1)
     sim = embs.mm(embs.transpose(1, 0))
     sim_topk, topk = torch.topk(sim, k=k + 1, dim=1)
@@ -152,12 +300,10 @@ def _authors_las(
     q = q + (wgt * q[topk]).sum(-1) * 1.0
     m_idxs = q.sort(descending=True)[1]
     m_top = m_idxs[: n * (1 + m)]
-    km = KMeans(n_clusters=n, random_state=seed)
-    km.fit(embs[m_top].numpy())
-    centres = km.cluster_centers_
-    x = embs[m_top].numpy()
-    dists = np.sqrt(((centres[:, None, :] - x[None, :, :]) ** 2).sum(-1))
-    sort_idxs = dists.argsort(axis=1)
+    x = embs[m_top].numpy().astype(np.float64)
+    km = KMeans(n_clusters=n, n_init=10, random_state=seed)
+    km.fit(x)
+    sort_idxs = euclidean_distances(km.cluster_centers_, x).argsort(axis=1)
     picked: list[int] = []
     ax, rem = 0, n
     while rem > 0:
@@ -167,24 +313,65 @@ def _authors_las(
     return q, set(m_idxs[picked].tolist())
 
 
-@pytest.mark.parametrize(("n", "budget", "k", "m"), [(400, 8, 10, 10), (300, 20, 5, 5)])
-def test_las_picks_equal_the_authors(n: int, budget: int, k: int, m: int) -> None:
-    rng = np.random.default_rng(n + budget)
-    energies = rng.normal(scale=2.0, size=(n, 6))
-    z = np.abs(rng.normal(size=(n, 16))).astype(np.float32)  # ReLU features, as theirs
-    sel = get_strategy("las").fn(
-        PoolOutputs(energies=energies, embeddings=z),
-        budget,
-        np.random.default_rng(11),
-        neighbours=k,
-        oversample=m,
+def _las_pools() -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(what, energies, embeddings): sizes 60-3,000, 2-31 classes, ReLU features (theirs),
+    saturated predictions (exactly tied Q), duplicated samples (tied neighbours and
+    distances), few distinct embeddings."""
+    rng = np.random.default_rng(7)
+    pools = []
+    for n, c, d in [(60, 2, 8), (300, 5, 16), (1000, 12, 32), (3000, 31, 64)]:
+        e = rng.normal(scale=2.0, size=(n, c))
+        z = np.abs(rng.normal(size=(n, d))).astype(np.float32)
+        pools.append((f"normal {n}x{c}", e, z))
+        sat = np.zeros((n, c))
+        sat[np.arange(n), rng.integers(0, c, n)] = -60.0  # one-hot posteriors: Q ties
+        pools.append((f"saturated {n}x{c}", sat, z))
+        dup_e, dup_z = e.copy(), z.copy()
+        dup_e[n // 2 :], dup_z[n // 2 :] = e[: n - n // 2], z[: n - n // 2]
+        pools.append((f"duplicates {n}x{c}", dup_e, dup_z))
+        few = np.abs(rng.normal(size=(12, d))).astype(np.float32)[rng.integers(0, 12, n)]
+        few = few + np.abs(rng.normal(scale=1e-3, size=few.shape)).astype(np.float32)
+        pools.append((f"clustered {n}x{c}", np.round(e), few))
+    return pools
+
+
+@pytest.mark.parametrize(("budget", "k", "m"), [(3, 10, 10), (8, 5, 5), (20, 10, 5)])
+def test_las_picks_equal_the_authors_semantics(budget: int, k: int, m: int) -> None:
+    """100 % identical picks with the authors' LAS on every pool of :func:`_las_pools`, by
+    default (ranking authors, k-means on float64 with 10 initialisations, knn exact)."""
+    stable_differs = 0
+    for what, energies, z in _las_pools():
+        if budget * 2 > len(z):
+            continue
+        pool = PoolOutputs(energies=energies, embeddings=z)
+        sel = get_strategy("las").fn(
+            pool, budget, np.random.default_rng(11), neighbours=k, oversample=m
+        )
+        seed = int(np.random.default_rng(11).integers(2**31 - 1))
+        logits = -torch.from_numpy(energies).float()
+        q, theirs = _authors_las(logits, torch.from_numpy(z), budget, k, m, seed)
+        assert np.array_equal(sel.scores["local_inconsistency"], q.double().numpy()), what
+        assert set(sel.indices.tolist()) == theirs, what
+        assert len(sel.indices) == budget
+        stable = get_strategy("las").fn(
+            pool, budget, np.random.default_rng(11), neighbours=k, oversample=m, ranking="stable"
+        )
+        stable_differs += set(stable.indices.tolist()) != theirs
+    if budget == 20:  # the stable ranking is another rule where Q ties (saturated pools)
+        assert stable_differs > 0
+
+
+def test_las_ranking_and_n_init_are_validated() -> None:
+    pool = PoolOutputs(energies=np.zeros((20, 2)), embeddings=np.ones((20, 3)))
+    with pytest.raises(ValueError, match="ranking"):
+        get_strategy("las").fn(pool, 2, np.random.default_rng(0), ranking="nope")
+    with pytest.raises(ValueError, match="n_init"):
+        get_strategy("las").fn(pool, 2, np.random.default_rng(0), n_init=0)
+    q = np.zeros(200, dtype=np.float32)  # all tied: torch's sort order is not the positions'
+    assert lada_mod.rank_scores(q, "stable").tolist() == list(range(200))
+    assert lada_mod.rank_scores(q, "authors").tolist() == (
+        torch.from_numpy(q).sort(descending=True)[1].tolist()
     )
-    seed = int(np.random.default_rng(11).integers(2**31 - 1))
-    probs = torch.softmax(-torch.from_numpy(energies).float(), dim=1)
-    q, theirs = _authors_las(probs, torch.from_numpy(z), budget, k, m, seed)
-    np.testing.assert_allclose(sel.scores["local_inconsistency"], q.numpy(), rtol=1e-5, atol=1e-6)
-    assert set(sel.indices.tolist()) == theirs
-    assert len(sel.indices) == budget
 
 
 def test_las_blocked_neighbours_equal_the_full_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -296,10 +483,40 @@ def test_duc_configs_follow_the_authors_protocol() -> None:
         header = " ".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
         assert "DUC authors' protocol" in header and "not yet run to completion here" in header
         assert cfg.active.strategy == "duc" and cfg.active.rounds_at == [10, 12, 14, 16, 18]
-        assert cfg.active.params == METHODS["duc"]["active"]["params"]
+        visda = "visda" in path.name
+        extra = {"duc_source_weight": 0.5} if visda else {}  # their main.py:148-150
+        assert cfg.active.params == {**METHODS["duc"]["active"]["params"], **extra}
         assert (cfg.train.gamma, cfg.train.delta_s, cfg.train.delta_t) == (0.0, 0.0, 0.0)
         assert cfg.optim.name == "sgd" and cfg.optim.weight_decay == 1e-3
-        assert cfg.optim.lr == (0.001 if "visda" in path.name else 0.004)
+        assert cfg.optim.lr == (0.001 if visda else 0.004)
+        assert cfg.optim.nesterov and cfg.optim.schedule == "inv"
+        assert (cfg.optim.schedule_gamma, cfg.optim.schedule_power) == (0.001, 0.75)
+        tf = cfg.data.transforms  # type: ignore[union-attr]
+        assert tf.train_crop == ("center" if visda else "random_resized")
+        assert (tf.scoring_view, tf.unlabeled_view) == ("train_plain", "train_plain")
+        assert tf.jitter == (0.4, 0.4, 0.4, 0.1) and tf.hflip  # COLORJITTER_SCALAR 0.5
+        assert cfg.model.bottleneck_dim == 256 and cfg.model.bottleneck_relu  # their ResNetFc
+
+
+def test_inv_schedule_and_nesterov_in_the_trainer() -> None:
+    """optim.schedule inv: step i trains at lr (1 + 0.001 i)^-0.75 in every group (their
+    LrScheduler), counted in the optimiser state; optim.nesterov needs SGD with momentum."""
+    from eada.data.tasks import load_task
+    from eada.hparams import preset_config
+    from eada.train import ActiveDATrainer
+
+    sets = ["train.epochs=1", "active.rounds_at=[]", "optim.name=sgd", "optim.lr=0.01"]
+    cfg = preset_config("toy", "duc", 0, [*sets, "optim.nesterov=true", "optim.schedule=inv"])
+    tr = ActiveDATrainer(cfg, load_task(cfg.data))
+    assert tr.optimizer.param_groups[0]["nesterov"] is True
+    lrs = []
+    for _ in range(4):
+        tr.train_step()
+        lrs.append(tr.optimizer.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.01 * (1 + 0.001 * i) ** -0.75 for i in range(4)], rel=1e-12)
+    assert tr.optimizer.state_dict()["param_groups"][0]["schedule_step"] == 4
+    with pytest.raises(ConfigError, match="nesterov"):
+        preset_config("toy", "duc", 0, ["optim.nesterov=true"])  # Adadelta
 
 
 def test_duc_trains_its_evidential_loss_also_between_rounds() -> None:
@@ -314,6 +531,49 @@ def test_duc_trains_its_evidential_loss_also_between_rounds() -> None:
     assert tr.aux is not None and tr.aux.names == ["evidential"]
     step = tr.train_step()
     assert step["loss"] > 0 and "duc_kl" in step
+
+
+def test_duc_in_the_trainer_uses_the_authors_stage1_and_per_domain_passes() -> None:
+    """The trainer hands DUC the round's share (stage 1 = ceil(N_T * r * kappa)); DUC's runner
+    embeds the source, unlabeled and labeled batches in separate forward passes (batch-norm
+    statistics per domain) and draws its target batches without replacement."""
+    from eada.data.tasks import load_task
+    from eada.hparams import preset_config
+    from eada.train import ActiveDATrainer
+
+    cfg = preset_config("toy", "duc", 0, ["train.epochs=2", "active.rounds_at=[1]"])
+    tr = ActiveDATrainer(cfg, load_task(cfg.data))
+    n_t = len(tr.task.target)
+    share = cfg.active.budget_per_round
+    assert isinstance(share, float)
+    rec = tr.select_round(1, 1, math.ceil(n_t * share))
+    assert rec["selection_info"]["stage1"] == math.ceil(n_t * share * 10)
+    prop = tr.last_proposal
+    assert tr.aux is not None and tr.aux.per_domain and tr.aux.without_replacement
+    seen: list[int] = []
+    calls: list[int] = []
+    embed = tr.model.embed
+
+    def counting(x: torch.Tensor) -> torch.Tensor:
+        calls.append(len(x))
+        return embed(x)
+
+    tr.model.embed = counting  # type: ignore[method-assign]
+    orig = tr.aux._draw
+
+    def record(idx: torch.Tensor, which: str) -> torch.Tensor:
+        out = orig(idx, which)
+        if which == "unlabeled":
+            seen.extend(out.tolist())
+        return out
+
+    tr.aux._draw = record  # type: ignore[method-assign]
+    steps = (n_t - len(prop.chosen)) // cfg.train.batch_size
+    for _ in range(steps):
+        calls.clear()
+        tr.aux.loss(tr, *tr.source_stream.next())
+        assert len(calls) == 3  # source, unlabeled, labeled: one pass each
+    assert len(seen) == len(set(seen))  # one pass over the unlabeled set: no repeats
 
 
 # ---------------------------------------------------------------- RAA / LAA
@@ -413,3 +673,337 @@ def test_anchor_component_restarts_each_epoch_and_adds_confident_samples() -> No
     assert comp.anchor_lab[6:] == pred  # pseudo-labels = the model's predictions
     comp.target_request(access(True))  # a new epoch: back to the labeled set
     assert comp.anchor_idx == list(range(6))
+
+
+# ---------------------------------------------------------------- LADA's protocol (issue 32)
+
+
+def _toy_trainer(method: str, overrides: list[str]):  # type: ignore[no-untyped-def]
+    from eada.data.tasks import load_task
+    from eada.hparams import preset_config
+    from eada.train import ActiveDATrainer
+
+    cfg = preset_config("toy", method, 0, overrides)
+    return ActiveDATrainer(cfg, load_task(cfg.data))
+
+
+def test_lada_budget_rule_splits_the_rounded_total() -> None:
+    """active.budget_total: np.round(N x share) (half to even), total // R a round, the
+    remainder in the last: their BudgetAllocator."""
+    from eada.config import ActiveConfig
+    from eada.train.plan import lada_budgets, round_plan
+
+    def allocator(n: int, share: float, rounds: int) -> list[int]:  # their budget.py
+        budget = np.round(n * share)
+        per = np.zeros(rounds, dtype=np.int32)
+        per[:] = budget // rounds
+        per[-1] += budget - per.sum()
+        return per.tolist()
+
+    for n in (498, 795, 2427, 2817, 4439, 55388, 10, 130):
+        for share in (0.05, 0.1):
+            assert lada_budgets(share, n, 5) == allocator(n, share, 5), (n, share)
+    plan = round_plan(ActiveConfig(strategy="las", budget_total=0.05), 2427)
+    assert [p["budget"] for p in plan] == [24, 24, 24, 24, 25]
+    assert [p["pool_before"] for p in plan] == [2427, 2403, 2379, 2355, 2331]
+    assert [p["budget"] for p in round_plan(ActiveConfig(budget_total=23), 500)] == [4] * 4 + [7]
+    with pytest.raises(ValueError, match="budget_total"):
+        round_plan(ActiveConfig(strategy="las", budget_total=0.05), 60)  # 3 // 5 = 0
+
+
+def test_epoch_length_options() -> None:
+    """train.epoch_length: max (EADA/DUC), source (LADA's ft/RAA/LAA), min (LADA's MME)."""
+    got = {}
+    for how in ("max", "source", "min"):
+        tr = _toy_trainer("las", [f"train.epoch_length={how}", "active.rounds_at=[1]"])
+        s = tr.source_stream.batches_per_pass
+        u = tr.unlabeled_stream.batches_per_pass
+        got[how] = tr.steps_per_epoch()
+    assert got == {"max": max(s, u), "source": s, "min": min(s, u)}
+
+
+def test_round_at_epoch_zero_after_a_source_epoch() -> None:
+    """LADA's VisDA-2017 protocol: one source epoch (train.source_epochs), then a query before
+    the first epoch (rounds_at 0)."""
+    tr = _toy_trainer(
+        "las",
+        [
+            "train.epochs=2",
+            "active.rounds_at=[0, 1]",
+            "train.source_epochs=1",
+            "train.eval_every=1",
+        ],
+    )
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    res = tr.run()
+    assert [r["epoch"] for r in res.rounds] == [0, 0, 1]
+    assert res.rounds[1]["n_labeled"] == tr.plan[0]["budget"]
+    assert res.rounds[1]["after_training"]["epoch"] == 1  # trained on before the next round
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
+    with pytest.raises(ConfigError, match="rounds_at"):
+        from eada.hparams import preset_config
+
+        preset_config("toy", "las", 0, ["active.rounds_at=[-1, 2]"])
+
+
+def test_mme_separate_step_takes_two_optimiser_steps() -> None:
+    """LADA's MMEsolver: the supervised step, then a step on the adversarial entropy alone
+    (active.params.mme_separate_step 1); 0 keeps one joint step."""
+    for sep, steps in ((0, 1), (1, 2)):
+        tr = _toy_trainer(
+            "las_mme", ["active.rounds_at=[1]", f"active.params.mme_separate_step={sep}"]
+        )
+        calls: list[int] = []
+        orig = tr.optimizer.step
+
+        def counted(*a, _orig=orig, _calls=calls, **k):  # type: ignore[no-untyped-def]
+            _calls.append(1)
+            return _orig(*a, **k)
+
+        tr.optimizer.step = counted  # type: ignore[method-assign]
+        logs = tr.train_step()
+        assert len(calls) == steps and "entropy_unlabeled" in logs
+
+
+def _mcc_paper(logits: torch.Tensor, t: float) -> float:
+    """MCC as the paper defines it (Jin et al. 2020, Eqs. 1-6), with plain loops."""
+    y = torch.softmax(logits.double() / t, dim=1)
+    b, c = y.shape
+    h = [-sum(float(y[i, j]) * math.log(float(y[i, j]) + 1e-5) for j in range(c)) for i in range(b)]
+    w = [b * (1 + math.exp(-hi)) / sum(1 + math.exp(-hk) for hk in h) for hi in h]
+    conf = [
+        [sum(float(y[i, j]) * w[i] * float(y[i, k]) for i in range(b)) for k in range(c)]
+        for j in range(c)
+    ]
+    norm = [[conf[j][k] / sum(conf[j]) for k in range(c)] for j in range(c)]
+    return sum(norm[j][k] for j in range(c) for k in range(c) if j != k) / c
+
+
+def test_mcc_equals_the_papers_definition_on_a_fixed_batch() -> None:
+    from eada.energy import min_class_confusion
+
+    torch.manual_seed(1)
+    e = torch.randn(16, 6, dtype=torch.float64) * 3
+    for t in (2.5, 1.0, 0.05):
+        assert float(min_class_confusion(e, t)) == pytest.approx(_mcc_paper(-e, t), rel=1e-9)
+    # their code divides column k by its class's sum; C is symmetric, so the same value
+    y = torch.softmax(-e / 2.5, dim=1)
+    hh = -(y * torch.log(y + 1e-5)).sum(1)
+    w = 1 + torch.exp(-hh)
+    w = 16 * w / w.sum()
+    cov = y.mul(w.view(-1, 1)).T.mm(y)
+    cov = cov / (cov.sum(dim=1) + 1e-12)
+    theirs = (cov.sum() - torch.trace(cov)) / 6
+    assert float(min_class_confusion(e, 2.5)) == pytest.approx(float(theirs), rel=1e-9)
+    tr = _toy_trainer("las_mcc", ["active.rounds_at=[1]"])
+    logs = tr.train_step()
+    assert 0 <= logs["mcc"] <= 1
+
+
+def test_cdac_losses_equal_their_definitions_on_a_fixed_batch() -> None:
+    from eada.energy import cdac_losses, rank_pair_similarity, sigmoid_rampup
+
+    torch.manual_seed(2)
+    e, e_bar, e_bar2 = (torch.randn(8, 4, dtype=torch.float64) * 3 for _ in range(3))
+    f = torch.randn(8, 10, dtype=torch.float64)
+    aac, pl, con = cdac_losses(e, e_bar, e_bar2, f, threshold=0.9, topk=3, consistency_weight=7.0)
+    p, pb, pb2 = (torch.softmax(-x, 1) for x in (e, e_bar, e_bar2))
+    top = [set(torch.argsort(f[i], descending=True)[:3].tolist()) for i in range(8)]
+    bce = 0.0
+    for i in range(8):
+        for j in range(8):
+            s = 1.0 if top[i] == top[j] else 0.0
+            pij = float(p[i] @ pb[j])
+            bce += -(s * math.log(pij + 1e-7) + (1 - s) * math.log(1 - pij + 1e-7))
+    assert float(aac) == pytest.approx(-bce / 64, rel=1e-9)
+    want_pl = (
+        sum(
+            -math.log(float(pb2[i, int(p[i].argmax())])) * (float(p[i].max()) >= 0.9)
+            for i in range(8)
+        )
+        / 8
+    )
+    assert float(pl) == pytest.approx(want_pl, rel=1e-9)
+    assert float(con) == pytest.approx(7.0 * float(((pb - pb2) ** 2).mean()), rel=1e-9)
+    assert rank_pair_similarity(f, 3).diagonal().eq(1).all()
+    assert sigmoid_rampup(20000, 20000) == 1.0 and sigmoid_rampup(0, 20000) < 0.01
+    # in the trainer: a step of its own after the supervised one, once a label exists
+    tr = _toy_trainer("las_cdac", ["active.rounds_at=[1]", "active.params.cdac_topk=1"])
+    tr.select_round(1, 1, 5)
+    calls = []
+    orig = tr.optimizer.step
+
+    def counted(*a, **k):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return orig(*a, **k)
+
+    tr.optimizer.step = counted  # type: ignore[method-assign]
+    logs = tr.train_step()
+    assert len(calls) == 2 and {"cdac_aac", "cdac_pl", "cdac_con"} <= set(logs)
+
+
+def test_anchor_mixup_mixes_each_anchor_with_its_anchor_view() -> None:
+    """anchor_mixup_alpha > 0: the runner feeds m x + (1 - m) x_aug for the anchors
+    (m ~ Beta(a, a) per anchor, x_aug the domain's "anchor" RandAugment view); a domain
+    without that view (in-memory inputs) is left as it is."""
+    from eada.data.base import TensorDomain
+
+    tr = _toy_trainer("las_laa", ["active.rounds_at=[1]", "active.params.anchor_mixup_alpha=0.2"])
+    tr.select_round(1, 1, 10)
+    tgt = tr.task.target
+
+    class WithStrong(TensorDomain):
+        transforms: ClassVar[dict[str, None]] = {"train": None, "anchor": None}
+
+        def view(self, kind: str) -> TensorDomain:
+            if kind == "anchor":
+                return TensorDomain(self.name, self.x + 100.0, self.y, list(self.classes))
+            return self
+
+    tr.task.target = WithStrong(tgt.name, tgt.x, tgt.y, list(tgt.classes))
+    seen: list[torch.Tensor] = []
+    embed = tr.model.embed
+
+    def spy(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.detach().clone())
+        return embed(x)
+
+    tr.model.embed = spy  # type: ignore[method-assign]
+    assert float(tgt.x.abs().max()) < 20  # the toy inputs
+    xs, ys = tr.source_stream.next()
+    tr.aux.loss(tr, xs, ys)
+    assert tr.aux.per_domain is False  # one fused pass: source, unlabeled, labeled, anchors
+    # the step's pass: source, unlabeled, labeled (10) and a batch of the anchor set (the ten
+    # labeled samples at the epoch's start); the other calls embed candidates (eval mode)
+    n_anchor = 10
+    (fused,) = [x for x in seen if len(x) == len(xs) + tr.aux.batch_size + 10 + n_anchor]
+    assert float(fused[-n_anchor:].max()) > 20  # pulled towards the +100 view by 1 - m
+    assert float(fused[:-n_anchor].abs().max()) < 20  # nothing else is mixed
+    tr.task.target = tgt  # no anchor view: the anchors' inputs as they are
+    seen.clear()
+    tr.aux.loss(tr, *tr.source_stream.next())
+    assert max(float(x.abs().max()) for x in seen) < 20
+
+
+def test_lada_configs_follow_the_authors_protocol() -> None:
+    from pathlib import Path
+
+    from eada.config import load_config
+
+    paths = sorted((Path(__file__).resolve().parents[1] / "configs").glob("lada_*.yaml"))
+    assert [p.name for p in paths] == [
+        "lada_office31_amazon_webcam.yaml",
+        "lada_office_home_ar_cl.yaml",
+        "lada_visda2017.yaml",
+    ]
+    for path in paths:
+        cfg = load_config(path)
+        header = " ".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
+        assert "LADA authors' protocol" in header and "not yet run to completion here" in header
+        visda = "visda" in path.name
+        a, t, o = cfg.active, cfg.train, cfg.optim
+        assert a.strategy == "las" and a.budget_total == 0.05
+        assert a.rounds_at == ([0, 2, 4, 6, 8] if visda else [10, 12, 14, 16, 18])
+        assert (t.epochs, t.source_epochs) == ((10, 1) if visda else (40, 0))
+        assert t.epoch_length == "source" and (t.gamma, t.delta_s, t.delta_t) == (0, 1, 0)
+        assert (o.name, o.lr, o.backbone_lr_mult, t.batch_size) == ("adadelta", 0.1, 0.1, 32)
+        p = a.params
+        k = 5 if "office31" in path.name else 10
+        assert (p["neighbours"], p["oversample"]) == (k, 5 if visda else 10)
+        assert p["aux_components"] == ["local_anchors"] and p["anchor_neighbours"] == k
+        assert (p["anchor_threshold"], p["anchor_mixup_alpha"]) == (0.9, 0.2)
+        tr = cfg.data.transforms  # type: ignore[union-attr]
+        assert (tr.jitter, tr.hflip, tr.scoring_view) == (None, False, "test")
+
+
+def test_lada_dann_solver_cosine_head_and_target_only_epochs() -> None:
+    """LADA's DANN (a discriminator on the logits + conditional entropy), their cosine
+    classifier (model.cosine_temperature) and ft_tgt's epoch (train.epoch_length labeled)."""
+    from eada.strategies.components import LogitDiscriminator
+
+    torch.manual_seed(4)
+    head = torch.nn.Linear(6, 3)
+    z = torch.randn(12, 6)
+    comp = LogitDiscriminator(3, 0.1, 0.1)
+    loss, logs = comp.loss(
+        StepBatch(
+            z[:5],
+            torch.zeros(5, dtype=torch.long),
+            z[5:],
+            z[:0],
+            torch.zeros(0, dtype=torch.long),
+            head,
+        )
+    )
+    logits = -head(z)
+    pred = comp.disc(logits)
+    domain = torch.tensor([1] * 5 + [0] * 7)
+    want_d = torch.nn.functional.cross_entropy(pred, domain)
+    p_u = torch.softmax(logits[5:], 1)
+    want_h = -(p_u * torch.log_softmax(logits[5:], 1)).sum(1).mean()
+    want = (0.1 * want_d + 0.1 * want_h).detach()
+    assert float(loss.detach()) == pytest.approx(float(want), rel=1e-6)
+    # the gradient reversal: the discriminator descends the domain loss, the head ascends it
+    only_d = LogitDiscriminator(3, 0.1, 0.0)
+    only_d.disc.load_state_dict(comp.disc.state_dict())
+    batch = StepBatch(
+        z[:5],
+        torch.zeros(5, dtype=torch.long),
+        z[5:],
+        z[:0],
+        torch.zeros(0, dtype=torch.long),
+        head,
+    )
+    rev, _ = only_d.loss(batch)
+    g_head_rev, g_disc_rev = torch.autograd.grad(rev, [head.weight, only_d.disc[0].weight])
+    plain = 0.1 * torch.nn.functional.cross_entropy(only_d.disc(-head(z)), domain)
+    g_head, g_disc = torch.autograd.grad(plain, [head.weight, only_d.disc[0].weight])
+    torch.testing.assert_close(g_disc_rev, g_disc)
+    torch.testing.assert_close(g_head_rev, -g_head)
+    tr = _toy_trainer("las_dann", ["active.rounds_at=[1]", "train.epoch_length=min"])
+    logs = tr.train_step()
+    assert {"dann_domain", "dann_entropy"} <= set(logs)
+    assert "domain_source_prob" in tr.aux.pool_scores(np.zeros((4, 2), np.float32), tr.device)
+    # DUC's bottleneck: Linear -> BN -> ReLU (model.bottleneck_relu)
+    tr = _toy_trainer("duc", ["model.bottleneck_dim=8", "model.bottleneck_relu=true"])
+    assert [type(m).__name__ for m in tr.model.bottleneck] == ["Linear", "BatchNorm1d", "ReLU"]
+    assert (tr.model.embed(tr.task.target.x[:16]) >= 0).all()
+    with pytest.raises(ConfigError, match="bottleneck_relu"):
+        from eada.hparams import preset_config
+
+        preset_config("toy", "duc", 0, ["model.bottleneck_relu=true"])
+    # the cosine classifier: the head sees normalize(z) / T
+    tr = _toy_trainer("las", ["active.rounds_at=[1]", "model.cosine_temperature=0.05"])
+    x = tr.task.target.x[:8]
+    z_raw = tr.model.bottleneck(tr.model.backbone(x))
+    want = tr.model.head(torch.nn.functional.normalize(z_raw, dim=1) / 0.05)
+    torch.testing.assert_close(tr.model(x), want)
+    # ft_tgt: epochs of labeled-target batches (one step before any label)
+    tr = _toy_trainer(
+        "las", ["active.rounds_at=[1]", "train.epoch_length=labeled", "train.delta_s=0"]
+    )
+    assert tr.steps_per_epoch() == 1
+    tr.select_round(1, 1, 40)
+    assert tr.steps_per_epoch() == tr.labeled_stream.batches_per_pass >= 1
+
+
+def test_randaugment_views_of_images() -> None:
+    """The image domains' 'strong' (CDAC) and 'anchor' (RAA/LAA mixup) views: RandAugment,
+    224 x 224 tensors, a new augmentation each read."""
+    from PIL import Image
+
+    from eada.data.transforms import TransformSpec, build_transform
+    from eada.models.normalization import normalization_for
+
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 255, (300, 260, 3), dtype=np.uint8))
+    norm = normalization_for("resnet50")
+    for view in ("strong", "anchor"):
+        t = build_transform(view, TransformSpec(), norm)  # type: ignore[arg-type]
+        torch.manual_seed(0)
+        a, b = t(img), t(img)
+        assert a.shape == b.shape == (3, 224, 224) and not torch.equal(a, b)
+    names = [
+        type(op).__name__ for op in build_transform("anchor", TransformSpec(), norm).transforms
+    ]
+    assert names[0] == "RandAugment" and "RandomHorizontalFlip" in names

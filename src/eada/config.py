@@ -40,12 +40,12 @@ class RoundSchedule:
         return self.strategy != "none" and bool(self.rounds_at)
 
 
-def check_rounds(v: list[int], unit: str, lower: str) -> list[int]:
-    """Validate a round schedule: strictly increasing ``unit`` counts, the first >= 1
+def check_rounds(v: list[int], unit: str, lower: str, first: int = 1) -> list[int]:
+    """Validate a round schedule: strictly increasing ``unit`` counts, the first >= ``first``
     (``lower`` names that bound in the error)."""
     if sorted(set(v)) != v:
         raise ValueError(f"rounds_at must be strictly increasing {unit}, got {v}")
-    if v and v[0] < 1:
+    if v and v[0] < first:
         raise ValueError(f"rounds_at are {lower}, got {v}")
     return v
 
@@ -118,10 +118,14 @@ class ImageTransforms(_Strict):
     test_resize: int = Field(288, ge=8)
     jitter: tuple[float, float, float, float] | None = (0.4, 0.4, 0.4, 0.1)
     hflip: bool = False
-    scoring_view: Literal["random_crop", "test"] = "random_crop"
+    # the train view's crop after resizing to resize x resize: random (default), center (DUC's
+    # VisDA-2017 runs), random_resized (torchvision's RandomResizedCrop: DUC's Office-Home)
+    train_crop: Literal["random", "center", "random_resized"] = "random"
+    # train_plain (scoring and unlabeled): the train view without colour jitter (DUC's target view)
+    scoring_view: Literal["random_crop", "test", "train_plain"] = "random_crop"
     # the unlabeled-target training stream: ``train`` (the train view above) or ``random_crop``
     # (shorter side to ``resize``, random crop, no jitter: the authors' code; paper configs)
-    unlabeled_view: Literal["train", "random_crop"] = "train"
+    unlabeled_view: Literal["train", "random_crop", "train_plain"] = "train"
     normalization: Literal["auto", "imagenet", "efficientnet_lite", "inception", "none"] = "auto"
 
     @model_validator(mode="after")
@@ -200,13 +204,20 @@ class ModelConfig(_Strict):
     weights: str | None = "pretrained"
     factory: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
     bottleneck_dim: int | None = Field(None, ge=1)  # Linear -> BatchNorm1d before the head
+    # a ReLU after the bottleneck's BatchNorm1d (DUC's ResNetFc; EADA's and LADA's have none)
+    bottleneck_relu: bool = False
     freeze_backbone: bool = False  # extract features once (cached), train the head only
     # keep the bottleneck BatchNorm's scale/shift at 1/0 (never trained), as the authors' code
     # does (its optimiser never receives them); the paper configs set it, off elsewhere
     freeze_bottleneck_bn_affine: bool = False
+    # LADA's cosine classifier (MODEL.NORMALIZE, MODEL.TEMP 0.05; off in all their configs): the
+    # head sees the L2-normalised embeddings divided by this temperature; None: plain embeddings
+    cosine_temperature: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _bn_needs_bottleneck(self) -> ModelConfig:
+        if self.bottleneck_relu and not self.bottleneck_dim:
+            raise ValueError("model.bottleneck_relu needs a bottleneck: set model.bottleneck_dim")
         if self.freeze_bottleneck_bn_affine and not self.bottleneck_dim:
             raise ValueError(
                 "model.freeze_bottleneck_bn_affine needs a bottleneck: set model.bottleneck_dim"
@@ -217,13 +228,33 @@ class ModelConfig(_Strict):
 
 
 class OptimConfig(_Strict):
-    """Optimiser. ``backbone_lr_mult`` scales the learning rate of ``model.backbone``."""
+    """Optimiser. ``backbone_lr_mult`` scales the learning rate of ``model.backbone``.
+
+    ``nesterov``: Nesterov momentum (SGD with ``momentum > 0`` only; DUC's authors use it).
+    ``schedule``: ``constant`` (default) or ``inv``, the learning rate of step ``i`` (0-based,
+    counted over the whole run) ``lr (1 + schedule_gamma i) ^ -schedule_power`` in every
+    parameter group (Caffe's ``inv`` policy: DUC's ``LrScheduler``, gamma 0.001, power 0.75,
+    ``core/utils/utils.py``; also DANN's and CDAN's schedule).
+    """
 
     name: Literal["sgd", "adam", "adadelta"] = "adadelta"
     lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     backbone_lr_mult: float = Field(1.0, gt=0)
+    nesterov: bool = False
+    schedule: Literal["constant", "inv"] = "constant"
+    schedule_gamma: float = Field(0.001, gt=0)
+    schedule_power: float = Field(0.75, gt=0)
+
+    @model_validator(mode="after")
+    def _nesterov_needs_sgd_momentum(self) -> OptimConfig:
+        if self.nesterov and (self.name != "sgd" or self.momentum <= 0):
+            raise ValueError(
+                f"optim.nesterov needs optim.name sgd with momentum > 0 (got {self.name}, "
+                f"momentum {self.momentum})"
+            )
+        return self
 
 
 class TrainConfig(_Strict):
@@ -301,6 +332,13 @@ class TrainConfig(_Strict):
     # confidence above chance, 0..1) or zero (w = 0: EADA w/o L_fea on EADA's own batches, the
     # paired ablation eada_no_fea); BENCHMARKS.md "Two-class tasks"
     fea_gate: Literal["none", "dann", "labels", "confidence", "zero"] = "labels"
+    # steps an epoch: max(#source, #unlabeled-target batches) (default, EADA's and DUC's code),
+    # #source batches (LADA's ft, RAA, LAA solvers), min(...) (LADA's MME, DANN: a zip of the
+    # two) or #labeled-target batches (LADA's ft_tgt, with delta_s 0; 1 step before any label)
+    epoch_length: Literal["max", "source", "min", "labeled"] = "max"
+    # epochs of source-only NLL training before the schedule (LADA's source stage,
+    # TRAINER.MAX_SOURCE_EPOCHS: 1 in their VisDA-2017 config), with an optimiser of its own
+    source_epochs: int = Field(0, ge=0)
 
 
 class ActiveConfig(_Strict, RoundSchedule):
@@ -309,12 +347,20 @@ class ActiveConfig(_Strict, RoundSchedule):
     ``budget_per_round``: an ``int`` is a count; a ``float`` in ``(0, 1]`` a share of the WHOLE
     target set. ``strategy: none`` (or empty ``rounds_at``) trains without target labels.
     ``selection_rule``: ``paper`` or ``reference`` (see :mod:`eada.strategies.eada`).
+    ``rounds_at``: 0 selects before the first epoch (after ``train.source_epochs``: LADA's
+    VisDA-2017 runs query at their epoch 0 after one source epoch).
+
+    ``budget_total`` (set, it replaces ``budget_per_round``): LADA's budget rule
+    (``active/budget.py``): the whole budget, a count or a share of the target set rounded
+    half to even (``np.round(N x share)``), ``total // R`` labels each of the ``R`` rounds and
+    the remainder in the last (Office-Home Art at 5%: 121 = 24 x 4 + 25).
     """
 
     strategy: str = "eada"
     # five rounds, each followed by training (train.epochs defaults to 10)
     rounds_at: list[int] = Field(default_factory=lambda: [1, 3, 5, 7, 9])
     budget_per_round: int | float = 0.01
+    budget_total: int | float | None = None
     alpha1: float = Field(0.5, gt=0, le=1)
     selection_rule: Literal["paper", "reference"] = "paper"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -328,16 +374,18 @@ class ActiveConfig(_Strict, RoundSchedule):
             )
         return v
 
-    @field_validator("budget_per_round", mode="before")
+    @field_validator("budget_per_round", "budget_total", mode="before")
     @classmethod
     def _budget_not_bool(cls, v: Any) -> Any:
         if isinstance(v, bool):
             raise ValueError("budget_per_round must be an int count or a float share, not a bool")
         return v
 
-    @field_validator("budget_per_round")
+    @field_validator("budget_per_round", "budget_total")
     @classmethod
-    def _budget(cls, v: int | float) -> int | float:
+    def _budget(cls, v: int | float | None) -> int | float | None:
+        if v is None:
+            return v
         if isinstance(v, int) and v < 1:
             raise ValueError(f"a budget count must be >= 1, got {v}")
         if isinstance(v, float) and not 0.0 < v <= 1.0:
@@ -347,7 +395,7 @@ class ActiveConfig(_Strict, RoundSchedule):
     @field_validator("rounds_at")
     @classmethod
     def _rounds(cls, v: list[int]) -> list[int]:
-        return check_rounds(v, "epochs", "1-based epochs")
+        return check_rounds(v, "epochs", "epochs >= 0 (0: before the first epoch)", first=0)
 
     @model_validator(mode="after")
     def _known_params(self) -> ActiveConfig:

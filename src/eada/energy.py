@@ -769,3 +769,233 @@ def _check_energies(energies: torch.Tensor) -> None:
         raise ValueError(
             f"energies contain NaN or infinite values ({bad} of {energies.shape[0]} rows)"
         )
+
+
+# -- DUC's evidential loss, in log space (issue 32) ---------------------------------------------
+EVIDENCE_SWITCH = 10.0
+"""Above ``log a = 10`` (``a`` about 22,026) the Dirichlet terms below use their asymptotic
+series in ``log a`` instead of ``lgamma``/``digamma`` of ``a = exp(log a)``."""
+
+_HALF_LOG_2PI_E = 0.5 * (1.0 + math.log(2.0 * math.pi))
+_EULER_GAMMA = 0.5772156649015329
+
+
+_TINY_EVIDENCE = -20.0
+"""Below ``log a = -20`` :func:`_h_of_log` uses its series for small ``a``."""
+
+
+def _h_of_log(log_a: torch.Tensor) -> torch.Tensor:
+    """``h(a) = (a - 1) psi(a) - lgamma(a) - a`` from ``log a`` (float64): exact between
+    ``log a = -20`` and :data:`EVIDENCE_SWITCH`; above, ``-0.5 log a - 0.5 (1 + log 2 pi) +
+    1 / (3a)`` (error ``O(a^-2)``, below 1e-8 there); below, ``1 / a + log a + gamma_E - 1``
+    (error ``O(a)``; ``+inf`` once ``1 / a`` passes float64's range, ``log a < -709.8``: the
+    true value is that large). Each branch sees clamped inputs, so none overflows where it is
+    not used."""
+    mid = torch.clamp(log_a, min=_TINY_EVIDENCE, max=EVIDENCE_SWITCH)
+    a = torch.exp(mid)
+    exact = (a - 1.0) * torch.digamma(a) - torch.lgamma(a) - a
+    big = torch.clamp(log_a, min=EVIDENCE_SWITCH)
+    large = -0.5 * big - _HALF_LOG_2PI_E + torch.exp(-big) / 3.0
+    tiny = torch.clamp(log_a, max=_TINY_EVIDENCE)
+    small = torch.exp(-tiny) + tiny + (_EULER_GAMMA - 1.0)
+    out = torch.where(log_a > EVIDENCE_SWITCH, large, exact)
+    return torch.where(log_a < _TINY_EVIDENCE, small, out)
+
+
+def _digamma_of_log(log_a: torch.Tensor, plus_one: bool = False) -> torch.Tensor:
+    """``psi(a)`` (or ``psi(a + 1)`` with ``plus_one``) from ``log a`` (float64): exact below
+    :data:`EVIDENCE_SWITCH`, else ``log a -+ 1 / (2a) - 1 / (12 a^2)``."""
+    small = torch.exp(torch.clamp(log_a, max=EVIDENCE_SWITCH))
+    exact = torch.digamma(small + 1.0 if plus_one else small)
+    big = torch.clamp(log_a, min=EVIDENCE_SWITCH)
+    inv = torch.exp(-big)
+    series = big + (0.5 if plus_one else -0.5) * inv - inv * inv / 12.0
+    return torch.where(log_a <= EVIDENCE_SWITCH, exact, series)
+
+
+def evidential_loss(
+    logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DUC's evidential loss on a labeled batch, ``(NLL, KL)``, each a batch mean, in log space.
+
+    With ``alpha = exp(logits)`` (the Dirichlet's evidence), ``S = sum_y alpha_y`` and ``y``
+    one-hot (Xie et al., ICLR 2023; the authors' ``core/active/loss.py``):
+
+    * ``NLL = log S - log alpha_y = logsumexp(logits) - logits_y``;
+    * ``KL = KL(Dir(a) || Dir(1))`` with ``a = y + (1 - y) alpha`` (the target class's evidence
+      replaced by 1), ``A = sum a``:
+      ``KL = lgamma(A) - lgamma(C) - sum_j lgamma(a_j) + sum_j (a_j - 1)(psi(a_j) - psi(A))``.
+
+    The authors evaluate ``KL`` as written, in float32: ``exp`` overflows for logits above
+    88.7 (NaN), and the ``a log a``-sized terms cancel for logits of about 50-88 (NaN, or a
+    finite NEGATIVE value). Here the same quantity is rewritten with
+    ``h(a) = (a - 1) psi(a) - lgamma(a) - a`` as
+    ``KL = sum_j h(a_j) - h(A) + (C - 1) psi(A) - lgamma(C)`` (the linear terms ``sum_j a_j - A``
+    cancel exactly), each of ``h`` and ``psi`` computed from ``log a`` (``log A`` a logsumexp)
+    by its asymptotic series above ``log a = 10`` (and ``h`` by its series for small ``a``
+    below ``log a = -20``), all in float64. The result is finite and non-negative for every
+    finite float32 target logit, every positive logit, and non-target logits down to about
+    -709 (``KL`` grows like ``exp(-logit)``: below that the true value passes float64's range
+    and the result is ``+inf``, not NaN or a wrong finite number). Returned in float64 (the
+    caller's loss then accumulates in float64). Equal to the authors' value where theirs is
+    finite and accurate (``tests/test_duc_lada.py``).
+
+    Example:
+        >>> nll, kl = evidential_loss(torch.zeros(1, 2), torch.tensor([0]))
+        >>> round(float(nll), 4), round(float(kl), 4)  # log 2; a = (1, 1) is Dir(1)
+        (0.6931, 0.0)
+        >>> nll, kl = evidential_loss(torch.tensor([[0.0, 60.0]]), torch.tensor([0]))
+        >>> round(float(nll), 2), round(float(kl), 2)  # the authors' float32 code: NaN
+        (60.0, 59.0)
+    """
+    x = logits.double()
+    c = x.shape[1]
+    y = torch.nn.functional.one_hot(labels, c).to(x.dtype)
+    log_total = torch.logsumexp(x, dim=1)
+    nll = (log_total - (x * y).sum(dim=1)).sum() / len(x)
+    log_a = x * (1.0 - y)  # log a_j: the logit, 0 for the target class
+    log_a_total = torch.logsumexp(log_a, dim=1)
+    kl = (
+        _h_of_log(log_a).sum(dim=1)
+        - _h_of_log(log_a_total)
+        + (c - 1) * _digamma_of_log(log_a_total)
+        - math.lgamma(c)
+    )
+    return nll, torch.clamp(kl, min=0.0).sum() / len(x)
+
+
+def dirichlet_uncertainties_stable(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DUC's distributional and data uncertainty of ``Dir(exp(logits))`` per row, in log space.
+
+    ``p = softmax(logits)``, ``U_data = sum_y p_y (psi(S + 1) - psi(alpha_y + 1))``,
+    ``U_dis = -sum_y p_y log(p_y + 1e-7) - U_data`` (``1e-7`` the authors'), with ``log S`` a
+    logsumexp and ``psi(exp(l) + 1)`` by its series ``l + 1 / (2a) - 1 / (12 a^2)`` above
+    ``l = 10`` (float64), so every finite logit gives finite values where the authors' float32
+    ``exp`` gives NaN above 88.7. Differentiable; the ``evidential`` training component's
+    unlabeled terms. Returns float64.
+
+    Example:
+        >>> u_dis, u_data = dirichlet_uncertainties_stable(torch.zeros(1, 2))
+        >>> round(float(u_data[0]), 4), round(float(u_dis[0]), 4)  # alpha = (1, 1)
+        (0.5, 0.1931)
+        >>> u_dis, u_data = dirichlet_uncertainties_stable(torch.tensor([[500.0, 0.0]]))
+        >>> bool(torch.isfinite(u_dis).all() and torch.isfinite(u_data).all())
+        True
+    """
+    x = logits.double()
+    p = torch.softmax(x, dim=1)
+    log_total = torch.logsumexp(x, dim=1, keepdim=True)
+    entropy = -(p * torch.log(p + 1e-7)).sum(dim=1)
+    data = (p * (_digamma_of_log(log_total, True) - _digamma_of_log(x, True))).sum(dim=1)
+    return entropy - data, data
+
+
+# -- semi-supervised solvers of LADA's code: MCC and CDAC (issue 32) ----------------------------
+def min_class_confusion(
+    energies: torch.Tensor, temperature: float = 2.5, eps: float = 1e-5
+) -> torch.Tensor:
+    """MCC's minimum class confusion loss on an unlabeled batch (Jin et al., ECCV 2020).
+
+    With ``Y = softmax(-E / T)`` (``B x C``), the per-sample entropy ``H_i = -sum_j Y_ij
+    log(Y_ij + eps)`` and the weights ``W_ii = B (1 + exp(-H_i)) / sum_k (1 + exp(-H_k))``
+    (no gradient through ``W``):
+
+    ``C = Y^T W Y`` (the class confusion, ``C x C``), ``C~_jk = C_jk / sum_l C_jl`` (each
+    class's row normalised), ``L = (1 / C) sum_j sum_{k != j} C~_jk``.
+
+    ``T`` = 2.5 in the MCC paper; LADA's ``solver/MCCsolver.py`` divides by ``MODEL.TEMP``
+    (0.05). Their code divides column ``k`` by ``sum_l C_kl``; ``C`` is symmetric, so the value
+    is the same. ``eps`` = 1e-5 inside the entropy's log, as their code.
+
+    Example:
+        >>> e = torch.tensor([[0.0, 5.0], [5.0, 0.0], [0.0, 5.0], [5.0, 0.0]])
+        >>> round(float(min_class_confusion(e, temperature=1.0)), 4)  # confident: little
+        0.0133
+        >>> round(float(min_class_confusion(torch.zeros(4, 2))), 4)  # uniform: (2 - 1) / 2
+        0.5
+    """
+    y = torch.softmax(-energies / temperature, dim=1)
+    h = -(y * torch.log(y + eps)).sum(dim=1).detach()
+    w = 1.0 + torch.exp(-h)
+    w = len(y) * w / w.sum()
+    conf = (y * w[:, None]).T @ y
+    conf = conf / conf.sum(dim=1, keepdim=True)
+    c = energies.shape[1]
+    return (conf.sum() - torch.trace(conf)) / c
+
+
+def rank_pair_similarity(features: torch.Tensor, topk: int = 5) -> torch.Tensor:
+    """CDAC's pairwise pseudo-similarity (Li et al., CVPR 2021; rank statistics of Han et al.):
+    ``s_ij = 1`` when the sets of the ``topk`` largest feature dimensions of samples ``i`` and
+    ``j`` are equal, else 0; ``(B, B)``, no gradient.
+
+    Example:
+        >>> f = torch.tensor([[3.0, 2.0, 0.0], [2.0, 3.0, 1.0], [0.0, 1.0, 5.0]])
+        >>> rank_pair_similarity(f, topk=2).tolist()
+        [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    """
+    top = torch.topk(features.detach(), k=topk, dim=1).indices.sort(dim=1).values
+    return (top[:, None, :] == top[None, :, :]).all(dim=2).to(features.dtype)
+
+
+def cdac_losses(
+    energies: torch.Tensor,
+    energies_bar: torch.Tensor,
+    energies_bar2: torch.Tensor,
+    features: torch.Tensor,
+    *,
+    threshold: float = 0.95,
+    topk: int = 5,
+    consistency_weight: float = 30.0,
+    eps: float = 1e-7,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CDAC's three unlabeled-target losses (Li et al., CVPR 2021; LADA's
+    ``solver/CDACsolver.py``), for three views of one unlabeled batch: ``x``, ``x_bar``,
+    ``x_bar2`` (two RandAugment views), ``p = softmax(-E)`` of each:
+
+    * adversarial adaptive clustering: ``s = rank_pair_similarity(features of x)``,
+      ``P_ij = <p_i, p_bar_j>``, ``L_aac = -mean_ij BCE(P_ij, s_ij)`` with
+      ``BCE = -(s log(P + eps) + (1 - s) log(1 - P + eps))``, the minus sign because the
+      caller feeds the head through a gradient reversal (the head maximises the clustering
+      loss, the features minimise it: the adversarial part);
+    * pseudo-labels: ``L_pl = mean_i [max p_i >= threshold] CE(-E_bar2_i, argmax p_i)``
+      (``p`` detached);
+    * consistency: ``L_con = w * mean((p_bar - p_bar2)^2)`` (``w`` = 30 x the ramp-up in
+      their solver, :func:`sigmoid_rampup`).
+
+    Returns:
+        ``(L_aac, L_pl, L_con)``.
+
+    Example:
+        >>> e = torch.tensor([[0.0, 4.0], [4.0, 0.0]])
+        >>> aac, pl, con = cdac_losses(e, e, e, -e, topk=1, consistency_weight=1.0)
+        >>> round(float(aac), 4), round(float(pl), 4), float(con)  # confident, two clusters
+        (-0.036, 0.0181, 0.0)
+    """
+    p = torch.softmax(-energies, dim=1)
+    p_bar = torch.softmax(-energies_bar, dim=1)
+    s = rank_pair_similarity(features, topk)
+    pair = p @ p_bar.T  # P_ij = <p_i, p_bar_j>
+    bce = -(s * torch.log(pair + eps) + (1.0 - s) * torch.log(1.0 - pair + eps))
+    aac = -bce.mean()
+    conf, pseudo = p.detach().max(dim=1)
+    mask = (conf >= threshold).to(energies.dtype)
+    ce = torch.nn.functional.cross_entropy(-energies_bar2, pseudo, reduction="none")
+    pl = (ce * mask).mean()
+    p_bar2 = torch.softmax(-energies_bar2, dim=1)
+    con = consistency_weight * torch.nn.functional.mse_loss(p_bar, p_bar2)
+    return aac, pl, con
+
+
+def sigmoid_rampup(step: float, length: float) -> float:
+    """``exp(-5 (1 - min(step, length) / length)^2)`` (Laine & Aila's ramp-up; CDAC's
+    consistency weight uses length 20,000 steps); 1 for ``length = 0``.
+
+    Example:
+        >>> sigmoid_rampup(0, 100), sigmoid_rampup(100, 100)
+        (0.006737946999085467, 1.0)
+    """
+    if length <= 0:
+        return 1.0
+    phase = 1.0 - min(max(step, 0.0), length) / length
+    return float(math.exp(-5.0 * phase * phase))

@@ -161,6 +161,24 @@ for _m, _component in (("las_raa", "random_anchors"), ("las_laa", "local_anchors
         "train": {"gamma": 0.0, "delta_t": 0.0},
     }
 
+# LAS with MCC or CDAC as its semi-supervised solver (their solver/MCCsolver.py,
+# solver/CDACsolver.py; issue 32). MCC's temperature 2.5 is the MCC paper's (LADA's code divides by
+# MODEL.TEMP = 0.05: configs/lada_*.yaml set it); CDAC takes its own optimiser step a batch.
+METHODS["las_mcc"] = {
+    "active": {"strategy": "las", "params": {"aux_components": ["class_confusion"]}},
+    "train": {"gamma": 0.0},
+}
+METHODS["las_cdac"] = {
+    "active": {"strategy": "las", "params": {"aux_components": ["adaptive_clustering"]}},
+    "train": {"gamma": 0.0},
+}
+
+# LAS with LADA's DANN solver (a discriminator on the logits + conditional entropy)
+METHODS["las_dann"] = {
+    "active": {"strategy": "las", "params": {"aux_components": ["logit_discriminator"]}},
+    "train": {"gamma": 0.0},
+}
+
 METHOD_LABELS = {
     "source_only": "Source-only",
     "random": "Random",
@@ -175,6 +193,9 @@ METHOD_LABELS = {
     "las_mme": "LADA (LAS + MME)",
     "las_raa": "LADA (LAS + RAA)",
     "las_laa": "LADA (LAS + LAA)",
+    "las_mcc": "LAS + MCC",
+    "las_cdac": "LAS + CDAC",
+    "las_dann": "LAS + DANN (LADA's)",
 }
 
 

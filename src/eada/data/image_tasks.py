@@ -61,7 +61,9 @@ from eada.runs import write_json
 def transform_spec(cfg: ImageListData) -> TransformSpec:
     """The :class:`TransformSpec` of a data config."""
     t = cfg.transforms
-    return TransformSpec(t.resize, t.crop, t.test_resize, t.jitter, t.hflip, t.scoring_view)
+    return TransformSpec(
+        t.resize, t.crop, t.test_resize, t.jitter, t.hflip, t.scoring_view, t.train_crop
+    )
 
 
 def backbone_normalization(model: ModelConfig, name: str) -> Normalization:
@@ -385,7 +387,10 @@ def image_domains(
             notes["features"][role] = info
             domains[role] = TensorDomain(il.name, feats, ds.y, list(il.classes))
     else:
-        views = {v: build_transform(v, spec, norm) for v in ("train", "test", "score")}
+        views = {
+            v: build_transform(v, spec, norm)
+            for v in ("train", "test", "score", "strong", "anchor")
+        }
         # the unlabeled-target training stream (data.transforms.unlabeled_view)
         unl = cfg.transforms.unlabeled_view
         views["unlabeled"] = views["train"] if unl == "train" else build_transform(unl, spec, norm)

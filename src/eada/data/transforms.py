@@ -12,7 +12,9 @@ The authors' code (see ``docs/reference-protocol.md``) uses three views of an im
 
 The authors' code feeds the unlabeled-target training stream that same shorter-side + random
 crop view without jitter (``random_crop``; ``data.transforms.unlabeled_view: random_crop``, the
-paper configs); ``unlabeled_view: train`` feeds it the train view.
+paper configs); ``unlabeled_view: train`` feeds it the train view; ``train_plain`` (also a
+``scoring_view``) is the train view without colour jitter (DUC's target view: their unlabeled
+and scoring loaders use it).
 
 Each view ends with ``ToTensor`` and the backbone's normalisation: ImageNet mean/std for
 torchvision/timm ResNets, ``(255 x - 127) / 128`` for EfficientNet-Lite.
@@ -39,7 +41,7 @@ __all__ = [
     "transform_key",
 ]
 
-View = Literal["train", "test", "score", "random_crop"]
+View = Literal["train", "test", "score", "random_crop", "strong", "anchor", "train_plain"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ class TransformSpec:
     test_resize: int = 288
     jitter: tuple[float, float, float, float] | None = (0.4, 0.4, 0.4, 0.1)
     hflip: bool = False
-    scoring_view: Literal["random_crop", "test"] = "random_crop"
+    scoring_view: Literal["random_crop", "test", "train_plain"] = "random_crop"
+    train_crop: Literal["random", "center", "random_resized"] = "random"
 
     def __post_init__(self) -> None:
         if self.crop > self.resize:
@@ -64,7 +67,13 @@ def build_transform(
     view: View, spec: TransformSpec, norm: Normalization
 ) -> Callable[[Any], torch.Tensor]:
     """The torchvision transform of ``view`` (``train``/``test``/``score``, or ``random_crop``:
-    shorter side to ``resize``, random crop, no jitter); PIL image -> tensor.
+    shorter side to ``resize``, random crop, no jitter; ``strong``: resize to
+    ``resize x resize``, random flip, random crop, torchvision's
+    ``RandAugment(num_ops=2, magnitude=10)``: the views of LADA's CDAC solver, their
+    ``RandAugmentMC(2, 10)``; ``anchor``: torchvision's ``RandAugment(num_ops=1,
+    magnitude=2)``, shorter side to ``resize``, random flip, random crop: the view LADA's
+    RAA/LAA mix their anchors with, their ``RandAugment(1, 2.0)`` on the same 0-30 scale);
+    PIL image -> tensor.
 
     >>> from PIL import Image
     >>> t = build_transform("test", TransformSpec(), normalization_for("resnet50"))
@@ -74,11 +83,36 @@ def build_transform(
     from torchvision import transforms as T
 
     tail = [T.ToTensor(), T.Normalize(norm.mean, norm.std)]
-    if view == "train":
-        ops: list[Any] = [T.Resize((spec.resize, spec.resize)), T.RandomCrop(spec.crop)]
+    if view == "strong":
+        return T.Compose(
+            [
+                T.Resize((spec.resize, spec.resize)),
+                T.RandomHorizontalFlip(),
+                T.RandomCrop(spec.crop),
+                T.RandAugment(num_ops=2, magnitude=10),
+                *tail,
+            ]
+        )
+    if view == "anchor":
+        return T.Compose(
+            [
+                T.RandAugment(num_ops=1, magnitude=2),
+                T.Resize(spec.resize),
+                T.RandomHorizontalFlip(),
+                T.RandomCrop(spec.crop),
+                *tail,
+            ]
+        )
+    if view in ("train", "train_plain") or (view == "score" and spec.scoring_view == "train_plain"):
+        crop = {
+            "random": T.RandomCrop,
+            "center": T.CenterCrop,
+            "random_resized": T.RandomResizedCrop,
+        }[spec.train_crop](spec.crop)
+        ops: list[Any] = [T.Resize((spec.resize, spec.resize)), crop]
         if spec.hflip:
             ops.append(T.RandomHorizontalFlip())
-        if spec.jitter is not None:
+        if spec.jitter is not None and view == "train":
             ops.append(T.ColorJitter(*spec.jitter))
         return T.Compose(ops + tail)
     if view == "test" or (view == "score" and spec.scoring_view == "test"):
@@ -92,7 +126,10 @@ def build_transform(
         )
     if view in ("score", "random_crop"):
         return T.Compose([T.Resize(spec.resize), T.RandomCrop(spec.crop), *tail])
-    raise ValueError(f"unknown view {view!r}; known: train, test, score, random_crop")
+    raise ValueError(
+        f"unknown view {view!r}; known: train, test, score, random_crop, strong, anchor, "
+        "train_plain"
+    )
 
 
 def fixed_size_transform(image_size: int, channels: int) -> Callable[[Any], torch.Tensor]:

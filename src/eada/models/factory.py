@@ -17,6 +17,7 @@ def build_model(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int
     net = _build(cfg, input_shape, num_classes)
     if cfg.freeze_bottleneck_bn_affine:
         net.freeze_bottleneck_affine()
+    net.cosine_temperature = cfg.cosine_temperature
     return net
 
 
@@ -35,21 +36,27 @@ def _build(cfg: ModelConfig, input_shape: tuple[int, ...], num_classes: int) -> 
         raise ValueError(f"an energy classifier needs at least 2 classes, got {num_classes}")
     flat = math.prod(input_shape)
     if cfg.name == "linear":
-        return EnergyNet(nn.Flatten(), flat, num_classes, cfg.bottleneck_dim)
+        return EnergyNet(nn.Flatten(), flat, num_classes, cfg.bottleneck_dim, cfg.bottleneck_relu)
     if cfg.name == "backbone":
         if cfg.freeze_backbone:
-            return EnergyNet(nn.Flatten(), flat, num_classes, cfg.bottleneck_dim)
+            return EnergyNet(
+                nn.Flatten(), flat, num_classes, cfg.bottleneck_dim, cfg.bottleneck_relu
+            )
         from eada.models.backbones import build_backbone
 
         bb = build_backbone(cfg.backbone, cfg.weights, cfg.factory)
-        return EnergyNet(bb.module, bb.feature_dim, num_classes, cfg.bottleneck_dim)
+        return EnergyNet(
+            bb.module, bb.feature_dim, num_classes, cfg.bottleneck_dim, cfg.bottleneck_relu
+        )
     if cfg.name == "mlp":
         layers: list[nn.Module] = [nn.Flatten()]
         width = flat
         for h in cfg.hidden:
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
-        return EnergyNet(nn.Sequential(*layers), width, num_classes, cfg.bottleneck_dim)
+        return EnergyNet(
+            nn.Sequential(*layers), width, num_classes, cfg.bottleneck_dim, cfg.bottleneck_relu
+        )
     if cfg.name == "lenet":
         from eada.models.lenet import lenet_backbone
 

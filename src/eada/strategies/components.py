@@ -47,7 +47,6 @@ import torch
 from torch import nn
 
 from eada import energy as energy_ops
-from eada.strategies.duc import dirichlet_uncertainties
 
 STRATEGY_COMPONENTS: dict[str, tuple[str, ...]] = {
     "aada": ("domain_discriminator",),
@@ -98,8 +97,9 @@ class TargetAccess:
     """What a component may ask of the target set during a step (LADA's anchor augmentation):
     its size ``n``, the labeled positions ``labeled`` with ``labels`` (oracle labels, indexed by
     target position), whether this step starts an epoch (``new_epoch``), the step's
-    ``batch_size``, and ``embed(positions)``: embeddings of target samples (no gradient, model in
-    eval mode)."""
+    ``batch_size``, ``embed(positions)``: embeddings of target samples (no gradient, model in
+    eval mode), ``epoch``: the 0-based epoch of the run this step belongs to, and ``step``: the
+    0-based step of the run."""
 
     def __init__(
         self,
@@ -109,9 +109,12 @@ class TargetAccess:
         new_epoch: bool,
         batch_size: int,
         embed: Callable[[torch.Tensor], torch.Tensor],
+        epoch: int = 0,
+        step: int = 0,
     ) -> None:
         self.n, self.labeled, self.labels = n, labeled, labels
         self.new_epoch, self.batch_size, self.embed = new_epoch, batch_size, embed
+        self.epoch, self.step = epoch, step
 
 
 class StepBatch:
@@ -119,7 +122,8 @@ class StepBatch:
     ``zu``, labeled target ``zl`` with labels ``yl`` (may be empty), and the energy ``head``;
     ``requested`` maps a component's name to the embeddings (with gradient) and labels of the
     target samples it asked for (:meth:`AuxComponent.target_request`), ``access`` the target
-    set (:class:`TargetAccess`, or ``None``)."""
+    set (:class:`TargetAccess`, or ``None``), ``zu_views`` embeddings of further views of the
+    unlabeled batch (:attr:`AuxComponent.strong_views`; empty otherwise)."""
 
     def __init__(
         self,
@@ -131,10 +135,12 @@ class StepBatch:
         head: nn.Module,
         requested: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
         access: TargetAccess | None = None,
+        zu_views: list[torch.Tensor] | None = None,
     ) -> None:
         self.zs, self.ys, self.zu, self.zl, self.yl, self.head = zs, ys, zu, zl, yl, head
         self.requested = requested or {}
         self.access = access
+        self.zu_views = zu_views or []
 
 
 class AuxComponent(nn.Module):
@@ -146,6 +152,22 @@ class AuxComponent(nn.Module):
 
     name: ClassVar[str] = "component"
     settings: ClassVar[dict[str, float | int]] = {}
+    per_domain_forward: ClassVar[bool] = False
+    """Whether the runner embeds the source, unlabeled and labeled batches in separate forward
+    passes (batch-norm statistics per domain) instead of one concatenated pass."""
+    without_replacement: ClassVar[bool] = False
+    """Whether the runner draws the target batches as shuffled passes over each set (without
+    replacement) instead of uniform draws with replacement."""
+    mixup_alpha: float = 0.0
+    """``> 0``: the runner mixes the inputs this component requested with an ``anchor`` view
+    of each (``m ~ Beta(alpha, alpha)`` per row; LADA's anchor views)."""
+    strong_views: ClassVar[int] = 0
+    """How many further views of the unlabeled batch the component needs in its separate
+    step (``StepBatch.zu_views``): the target's ``strong`` view (RandAugment) for image
+    domains; in-memory inputs (features, digits) have no views, so the same inputs."""
+    separate_step: bool = False
+    """Whether the runner leaves this component's loss out of the step and gives it an
+    optimiser step of its own after the step, on the same unlabeled batch (LADA's MME)."""
 
     @classmethod
     def setting(cls, params: dict[str, Any], key: str) -> Any:
@@ -252,19 +274,27 @@ class AdversarialEntropy(AuxComponent):
     """MME's minimax entropy (Saito et al. 2019), CLUE's semi-supervised loss:
     ``L = weight * mean_x sum_y p log p`` with ``p = softmax(-head(GRL(z_u)))``; minimising it
     makes the head MAXIMISE the entropy, and the reversed gradient makes the features minimise it.
+
+    ``active.params.mme_separate_step`` 1: as LADA's ``solver/MMEsolver.py``, the entropy is
+    not added to the step's loss but takes an optimiser step of its own after it, on the same
+    unlabeled batch (two optimiser steps an iteration); 0 (default): one joint step.
     """
 
     name = "adversarial_entropy"
-    settings: ClassVar[dict[str, float | int]] = {"aux_weight": 0.1}
+    settings: ClassVar[dict[str, float | int]] = {"aux_weight": 0.1, "mme_separate_step": 0}
 
-    def __init__(self, weight: float) -> None:
+    def __init__(self, weight: float, separate_step: bool = False) -> None:
         super().__init__()
         self.weight = weight
+        self.separate_step = separate_step
 
     @classmethod
     def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
         """See :meth:`AuxComponent.from_params`."""
-        return cls(float(cls.setting(params, "aux_weight")))
+        sep = int(cls.setting(params, "mme_separate_step"))
+        if sep not in (0, 1):
+            raise ValueError(f"active.params.mme_separate_step must be 0 or 1, got {sep}")
+        return cls(float(cls.setting(params, "aux_weight")), bool(sep))
 
     def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
         logp = torch.log_softmax(-batch.head(grad_reverse(batch.zu, 1.0)), dim=1)
@@ -332,47 +362,31 @@ class WassersteinCritic(AuxComponent):
         return {"critic_score": self.critic(z).double().cpu().numpy()}
 
 
-def evidential_loss(
-    logits: torch.Tensor, labels: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """DUC's evidential loss on a labeled batch: ``(NLL, KL)``, each a batch mean.
-
-    With ``alpha = exp(logits)``, ``S = sum alpha`` and ``y`` one-hot:
-    ``NLL = log S - log alpha_y`` (the expected-likelihood form, equal to cross-entropy) and
-    ``KL = KL(Dir(alpha~) || Dir(1))`` with ``alpha~ = y + (1 - y) * alpha`` (the target class's
-    evidence removed). The authors' trainer adds ``NLL + KL / C``.
-
-    Example:
-        >>> nll, kl = evidential_loss(torch.zeros(1, 2), torch.tensor([0]))
-        >>> round(float(nll), 4), round(float(kl), 4)  # log 2; alpha~ = (1, 1) is Dir(1)
-        (0.6931, 0.0)
-    """
-    alpha = torch.exp(logits)
-    total = alpha.sum(dim=1)
-    y = nn.functional.one_hot(labels, logits.shape[1]).to(logits.dtype)
-    nll = (y * (total.log()[:, None] - alpha.log())).sum() / len(logits)
-    a = y + (1.0 - y) * alpha
-    a_total = a.sum(dim=1)
-    kl = (
-        torch.lgamma(a_total)
-        - torch.lgamma(torch.tensor(float(logits.shape[1]), dtype=logits.dtype))
-        - torch.lgamma(a).sum(dim=1)
-        + ((a - 1) * (torch.digamma(a) - torch.digamma(a_total)[:, None])).sum(dim=1)
-    ).sum() / len(logits)
-    return nll, kl
+evidential_loss = energy_ops.evidential_loss
+"""DUC's evidential loss ``(NLL, KL)``, in log space: :func:`eada.energy.evidential_loss`."""
 
 
 @register_component
 class Evidential(AuxComponent):
     """DUC's training loss (Xie et al., ICLR 2023) on the energy head, ``logits = -E``:
 
-    ``L = NLL(S) + KL(S) / C + [NLL(T_l) + KL(T_l) / C] + beta * U_dis(T_u) + lambda * U_data(T_u)``
+    ``L = w_s [NLL(S) + KL(S) / C] + [NLL(T_l) + KL(T_l) / C]
+    + beta * U_dis(T_u) + lambda * U_data(T_u)``
 
-    (:func:`evidential_loss`, :func:`eada.strategies.duc.dirichlet_uncertainties`; the
-    unlabeled terms only when ``beta > 0``, as in their ``main.py``). ``beta`` =
-    ``active.params.duc_beta`` (their ``TRAINER.BETA``, 1.0), ``lambda`` =
-    ``active.params.duc_lambda`` (``TRAINER.LAMBDA``, 0.05). Their VisDA run halves the source
-    terms after the first epoch; we do not.
+    (:func:`eada.energy.evidential_loss`, :func:`eada.energy.dirichlet_uncertainties_stable`:
+    the authors' quantities computed in log space, finite for every finite logit where their
+    float32 code gives NaN or a negative KL; the unlabeled terms only when ``beta > 0``, as in
+    their ``main.py``). ``beta`` = ``active.params.duc_beta`` (their ``TRAINER.BETA``, 1.0),
+    ``lambda`` = ``active.params.duc_lambda`` (``TRAINER.LAMBDA``, 0.05), ``w_s`` =
+    ``active.params.duc_source_weight`` from the second epoch on (1.0; their VisDA-2017 run
+    halves the source terms after epoch 1, ``main.py:148-150``: 0.5 in
+    ``configs/duc_visda2017.yaml``).
+
+    As their ``main.py``, the runner (:mod:`eada.train.aux`) embeds the source, unlabeled and
+    labeled batches in separate forward passes (:attr:`per_domain_forward`: batch-norm
+    statistics per domain) and draws the target batches without replacement
+    (:attr:`without_replacement`: a shuffled pass over the set, the unlabeled one dropping its
+    last incomplete batch, as their loaders).
 
     Example:
         >>> torch.manual_seed(0) and None
@@ -385,30 +399,233 @@ class Evidential(AuxComponent):
     """
 
     name = "evidential"
-    settings: ClassVar[dict[str, float | int]] = {"duc_beta": 1.0, "duc_lambda": 0.05}
+    settings: ClassVar[dict[str, float | int]] = {
+        "duc_beta": 1.0,
+        "duc_lambda": 0.05,
+        "duc_source_weight": 1.0,
+    }
+    per_domain_forward = True
+    without_replacement = True
 
-    def __init__(self, beta: float, lam: float) -> None:
+    def __init__(self, beta: float, lam: float, source_weight: float = 1.0) -> None:
         super().__init__()
-        self.beta, self.lam = beta, lam
+        self.beta, self.lam, self.source_weight = beta, lam, source_weight
 
     @classmethod
     def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
         """See :meth:`AuxComponent.from_params`."""
-        return cls(float(cls.setting(params, "duc_beta")), float(cls.setting(params, "duc_lambda")))
+        return cls(
+            float(cls.setting(params, "duc_beta")),
+            float(cls.setting(params, "duc_lambda")),
+            float(cls.setting(params, "duc_source_weight")),
+        )
 
     def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
         logits_s = -batch.head(batch.zs)
         c = logits_s.shape[1]
         nll, kl = evidential_loss(logits_s, batch.ys)
-        total, logs = nll + kl / c, {"duc_nll": float(nll.detach()), "duc_kl": float(kl.detach())}
+        w_s = self.source_weight if batch.access is not None and batch.access.epoch > 0 else 1.0
+        total = w_s * (nll + kl / c)
+        logs = {"duc_nll": float(nll.detach()), "duc_kl": float(kl.detach())}
         if len(batch.zl):
             nll_t, kl_t = evidential_loss(-batch.head(batch.zl), batch.yl)
             total = total + nll_t + kl_t / c
         if self.beta > 0 and len(batch.zu):
-            u_dis, u_data = dirichlet_uncertainties(-batch.head(batch.zu))
+            u_dis, u_data = energy_ops.dirichlet_uncertainties_stable(-batch.head(batch.zu))
             total = total + self.beta * u_dis.mean() + self.lam * u_data.mean()
             logs["duc_u_dis"] = float(u_dis.mean().detach())
             logs["duc_u_data"] = float(u_data.mean().detach())
+        return total, logs
+
+
+@register_component
+class LogitDiscriminator(AuxComponent):
+    """LADA's DANN solver (``solver/solver.py``, ``DANNSolver``): a discriminator
+    ``MLP(C -> 500 -> 500 -> 2)`` on the classifier's logits ``-E`` of the source and unlabeled
+    batches through a gradient reversal, trained with the domain cross-entropy, plus the
+    conditional entropy of the unlabeled predictions:
+
+    ``L = dann_weight x CE(D(GRL([-E_s; -E_u])), domain) + dann_entropy_weight x H(p_u)``
+
+    (their ``ADA.UNSUP_WT`` 0.1 and ``ADA.CEN_WT`` 0.1; 0.1 and 0.01 in their UDA stage). Its
+    parameters train with the runner's optimiser (Adam, ``aux_lr``; theirs Adadelta at the
+    adaptation lr). Our ``domain_discriminator`` (AADA, TQS) is the other design: an MLP on
+    the embeddings with a binary loss. Pool score ``domain_source_prob`` (AADA reads it).
+
+    Example:
+        >>> torch.manual_seed(0) and None
+        >>> z = torch.randn(8, 4)
+        >>> batch = StepBatch(z[:4], torch.tensor([0, 1, 2, 0]), z[4:], z[:0], torch.tensor([]),
+        ...                   nn.Linear(4, 3))
+        >>> loss, logs = LogitDiscriminator(3, 0.1, 0.1).loss(batch)
+        >>> sorted(logs)
+        ['dann_domain', 'dann_entropy']
+    """
+
+    name = "logit_discriminator"
+    settings: ClassVar[dict[str, float | int]] = {"dann_weight": 0.1, "dann_entropy_weight": 0.1}
+
+    def __init__(self, num_classes: int, weight: float, entropy_weight: float) -> None:
+        super().__init__()
+        self.disc = nn.Sequential(
+            nn.Linear(num_classes, 500),
+            nn.ReLU(),
+            nn.Linear(500, 500),
+            nn.ReLU(),
+            nn.Linear(500, 2),
+        )
+        self.weight, self.entropy_weight = weight, entropy_weight
+        self.head: nn.Module | None = None
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        return cls(
+            num_classes,
+            float(cls.setting(params, "dann_weight")),
+            float(cls.setting(params, "dann_entropy_weight")),
+        )
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        self.head = batch.head
+        if not len(batch.zu):
+            return batch.zs.sum() * 0.0, {}
+        logits_s, logits_u = -batch.head(batch.zs), -batch.head(batch.zu)
+        pred = self.disc(grad_reverse(torch.cat([logits_s, logits_u]), 1.0))
+        domain = torch.cat(
+            [
+                torch.ones(len(logits_s), dtype=torch.long),
+                torch.zeros(len(logits_u), dtype=torch.long),
+            ]
+        ).to(pred.device)
+        loss_d = nn.functional.cross_entropy(pred, domain)
+        logp = torch.log_softmax(logits_u, dim=1)
+        cent = -(logp.exp() * logp).sum(dim=1).mean()
+        total = self.weight * loss_d + self.entropy_weight * cent
+        return total, {"dann_domain": float(loss_d.detach()), "dann_entropy": float(cent.detach())}
+
+    @torch.no_grad()
+    def pool_scores(self, z: torch.Tensor) -> dict[str, np.ndarray]:
+        if self.head is None:
+            return {}
+        p = torch.softmax(self.disc(-self.head(z)), dim=1)[:, 1]  # class 1 = source
+        return {"domain_source_prob": p.double().cpu().numpy()}
+
+
+@register_component
+class ClassConfusion(AuxComponent):
+    """MCC (Jin et al., ECCV 2020) as a semi-supervised solver, LADA's ``solver/MCCsolver.py``:
+    ``mcc_weight x`` :func:`eada.energy.min_class_confusion` of the unlabeled batch at
+    temperature ``mcc_temperature`` (2.5, the MCC paper's; LADA's code divides by
+    ``MODEL.TEMP`` = 0.05), added to the step's loss; no pool score.
+
+    Example:
+        >>> torch.manual_seed(0) and None
+        >>> z = torch.randn(8, 4)
+        >>> batch = StepBatch(z[:2], torch.tensor([0, 1]), z[2:], z[:0], torch.tensor([]),
+        ...                   nn.Linear(4, 3))
+        >>> loss, logs = ClassConfusion(1.0, 2.5).loss(batch)
+        >>> sorted(logs), 0 <= float(loss.detach()) <= 1
+        (['mcc'], True)
+    """
+
+    name = "class_confusion"
+    settings: ClassVar[dict[str, float | int]] = {"mcc_weight": 1.0, "mcc_temperature": 2.5}
+
+    def __init__(self, weight: float, temperature: float) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"active.params.mcc_temperature must be > 0, got {temperature}")
+        self.weight, self.temperature = weight, temperature
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        return cls(
+            float(cls.setting(params, "mcc_weight")), float(cls.setting(params, "mcc_temperature"))
+        )
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        if len(batch.zu) < 2:
+            return batch.zs.sum() * 0.0, {}
+        mcc = energy_ops.min_class_confusion(batch.head(batch.zu), self.temperature)
+        return self.weight * mcc, {"mcc": float(mcc.detach())}
+
+
+@register_component
+class AdaptiveClustering(AuxComponent):
+    """CDAC (Li et al., CVPR 2021) as a semi-supervised solver, LADA's
+    ``solver/CDACsolver.py``: after the step's supervised loss, an optimiser step of its own
+    (:attr:`separate_step`) on ``cdac_weight x (L_aac + L_pl + L_con)``
+    (:func:`eada.energy.cdac_losses`) of the step's unlabeled batch and two ``strong`` views
+    of it: ``L_aac`` through a gradient reversal into the head (adversarial), the
+    pseudo-labels at ``cdac_threshold`` (0.95), the pairwise targets from the ``cdac_topk``
+    (5) largest embedding dimensions, the consistency weight ``30 x`` :func:`sigmoid_rampup`
+    over ``cdac_rampup`` (20,000) steps. Their solver weights it ``UNSUP_WT x 10`` = 1.0 and
+    skips it while no target sample is labeled (so does this one). No pool score.
+    """
+
+    name = "adaptive_clustering"
+    settings: ClassVar[dict[str, float | int]] = {
+        "cdac_weight": 1.0,
+        "cdac_threshold": 0.95,
+        "cdac_topk": 5,
+        "cdac_rampup": 20000,
+    }
+    strong_views = 2
+
+    def __init__(self, weight: float, threshold: float, topk: int, rampup: int) -> None:
+        super().__init__()
+        self.weight, self.threshold, self.topk, self.rampup = weight, threshold, topk, rampup
+        self.separate_step = True
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        """See :meth:`AuxComponent.from_params`."""
+        topk = int(cls.setting(params, "cdac_topk"))
+        if not 1 <= topk <= dim:
+            raise ValueError(f"active.params.cdac_topk must lie in [1, {dim}], got {topk}")
+        return cls(
+            float(cls.setting(params, "cdac_weight")),
+            float(cls.setting(params, "cdac_threshold")),
+            topk,
+            int(cls.setting(params, "cdac_rampup")),
+        )
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        labeled = batch.access is None or len(batch.access.labeled) > 0
+        if len(batch.zu) < 2 or len(batch.zu_views) < 2 or not labeled:
+            return batch.zu.sum() * 0.0, {}
+        step = batch.access.step if batch.access is not None else 0
+        w_con = 30.0 * energy_ops.sigmoid_rampup(step, self.rampup)
+        z_bar, z_bar2 = batch.zu_views[:2]
+        aac, pl, con = energy_ops.cdac_losses(
+            batch.head(grad_reverse(batch.zu, 1.0)),
+            batch.head(grad_reverse(z_bar, 1.0)),
+            batch.head(z_bar2),
+            batch.zu,
+            threshold=self.threshold,
+            topk=self.topk,
+            consistency_weight=w_con,
+        )
+        # the pseudo-labels and the consistency see the views without the reversal (theirs:
+        # net.forward_emb(feat)); L_aac above sees them through it
+        e_plain, e_bar = batch.head(batch.zu), batch.head(z_bar)
+        _, pl, con = energy_ops.cdac_losses(
+            e_plain,
+            e_bar,
+            batch.head(z_bar2),
+            batch.zu,
+            threshold=self.threshold,
+            topk=self.topk,
+            consistency_weight=w_con,
+        )
+        total = self.weight * (aac + pl + con)
+        logs = {
+            "cdac_aac": float(aac.detach()),
+            "cdac_pl": float(pl.detach()),
+            "cdac_con": float(con.detach()),
+        }
         return total, logs
 
 
@@ -482,20 +699,30 @@ class AnchorAugmentation(AuxComponent):
     embeddings, uniformly, from embeddings cached at the epoch's start and refreshed for each
     candidate seen) and adds those :func:`accept_anchors` accepts, pseudo-labeled. Settings:
     ``anchor_neighbours`` (``LADA.A_K``, 10; 5 in their Office-31 config; 0 switches the
-    augmentation off), ``anchor_threshold`` (``LADA.A_TH``, 0.9).
+    augmentation off), ``anchor_threshold`` (``LADA.A_TH``, 0.9), ``anchor_mixup_alpha``
+    (0: off, the default; their code 0.2): each anchor's input is mixed with an ``anchor``
+    (RandAugment) view of the same image, ``x' = m x + (1 - m) x_aug``, ``m ~ Beta(a, a)``
+    per anchor (their ``A_RAND_NUM`` = 1 view; the runner, :mod:`eada.train.aux`, does it).
+    In-memory inputs (features, digits) have no such view, so there it changes nothing.
 
-    Differences from their code: no RandAugment/mixup views of the anchors (ours train on
-    whatever inputs the task has, often fixed features), candidates embedded in eval mode, and
-    a candidate step before the optimiser's step rather than after it.
+    Differences from their code: candidates embedded in eval mode, and a candidate step
+    before the optimiser's step rather than after it.
     """
 
     name: ClassVar[str] = "anchor_augmentation"
     local: ClassVar[bool] = False
-    settings: ClassVar[dict[str, float | int]] = {"anchor_neighbours": 10, "anchor_threshold": 0.9}
+    settings: ClassVar[dict[str, float | int]] = {
+        "anchor_neighbours": 10,
+        "anchor_threshold": 0.9,
+        "anchor_mixup_alpha": 0.0,
+    }
 
-    def __init__(self, num_classes: int, k: int, threshold: float) -> None:
+    def __init__(
+        self, num_classes: int, k: int, threshold: float, mixup_alpha: float = 0.0
+    ) -> None:
         super().__init__()
         self.num_classes, self.k, self.threshold = num_classes, k, threshold
+        self.mixup_alpha = mixup_alpha
         seed = int(torch.randint(2**31 - 1, (1,)))
         self.generator = torch.Generator().manual_seed(seed)
         self.np_rng = np.random.default_rng(seed)
@@ -509,12 +736,13 @@ class AnchorAugmentation(AuxComponent):
         """See :meth:`AuxComponent.from_params`."""
         k = int(cls.setting(params, "anchor_neighbours"))
         th = float(cls.setting(params, "anchor_threshold"))
-        if k < 0 or not 0.0 <= th <= 1.0:
+        alpha = float(cls.setting(params, "anchor_mixup_alpha"))
+        if k < 0 or not 0.0 <= th <= 1.0 or alpha < 0:
             raise ValueError(
-                f"active.params: anchor_neighbours must be >= 0 and anchor_threshold in [0, 1], "
-                f"got {k} and {th}"
+                f"active.params: anchor_neighbours must be >= 0, anchor_threshold in [0, 1] and "
+                f"anchor_mixup_alpha >= 0, got {k}, {th} and {alpha}"
             )
-        return cls(num_classes, k, th)
+        return cls(num_classes, k, th, alpha)
 
     def get_extra_state(self) -> dict[str, Any]:
         """The random streams (checkpoints; the anchor set restarts every epoch)."""

@@ -280,7 +280,7 @@ def las_scores(
     sims, idx, used = knn_neighbours(embeddings, k, knn, exact_below=exact_below)
     total = sims.sum(dim=1, keepdim=True)
     w = torch.where(total > 0, sims / total, torch.full_like(sims, 1.0 / k))
-    p = torch.from_numpy(np.asarray(probs, dtype=np.float32))
+    p = torch.from_numpy(np.ascontiguousarray(probs, dtype=np.float32))
     q = torch.empty(n)
     block = max(1, _BLOCK_ELEMENTS // max(1, k * p.shape[1]))
     for start in range(0, n, block):
@@ -292,43 +292,72 @@ def las_scores(
     return q.double().numpy(), used
 
 
-def _nearest_columns(centres: np.ndarray, x: np.ndarray, m: int) -> np.ndarray:
-    """For each centre, the positions of its ``m`` nearest rows of ``x`` (Euclidean), nearest
-    first, computed a block of centres at a time."""
-    x_sq = np.einsum("ij,ij->i", x, x)
-    out = np.empty((len(centres), m), dtype=np.int64)
-    block = max(1, _BLOCK_ELEMENTS // max(1, len(x)))
-    for c0 in range(0, len(centres), block):
-        c = centres[c0 : c0 + block]
-        d = np.einsum("ij,ij->i", c, c)[:, None] + x_sq[None, :] - 2.0 * (c @ x.T)
-        if m < len(x):
-            part = np.argpartition(d, m - 1, axis=1)[:, :m]
-            order = np.argsort(np.take_along_axis(d, part, axis=1), axis=1, kind="stable")
-            out[c0 : c0 + block] = np.take_along_axis(part, order, axis=1)
-        else:
-            out[c0 : c0 + block] = np.argsort(d, axis=1, kind="stable")
-    return out
+_FULL_DISTANCES = 1 << 23
+"""Up to this many centre-sample distances (64 MiB of float64) :func:`centroid_picks` computes
+them in one call, as the authors' code; above, a block of centres at a time."""
 
 
 def centroid_picks(centres: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The authors' pick of one row of ``x`` per centre: column ``ax = 0, 1, ...`` of each
-    centre's distance order, for the first ``rem`` centres still missing, until ``len(centres)``
-    distinct rows are taken. Returns row positions in the order they were first taken.
+    """The authors' pick of one row of ``x`` per centre (their ``LASsampler.py:66-75``).
+
+    Distances are scikit-learn's ``euclidean_distances`` (float64), each centre's row sorted by
+    NumPy's default ``argsort`` (their call: its order among exactly equal distances is
+    NumPy's, not the position's); then column ``ax = 0, 1, ...`` of the first ``rem`` centres
+    is taken, ``rem`` the number of distinct rows still missing, until ``len(centres)`` distinct
+    rows are taken. Returns row positions in the order they were first taken.
+
+    Example:
+        >>> centroid_picks(np.array([[0.0], [0.1]]), np.array([[0.0], [5.0], [0.2]])).tolist()
+        [0, 2]
     """
-    n = len(centres)
-    m = min(len(x), 16)
-    while True:
-        order = _nearest_columns(np.asarray(centres, np.float64), np.asarray(x, np.float64), m)
-        taken: dict[int, None] = {}
-        ax, rem = 0, n
-        while rem > 0 and ax < m:
-            for j in order[:rem, ax].tolist():
-                taken.setdefault(int(j))
-            rem = n - len(taken)
-            ax += 1
-        if rem == 0:
-            return np.fromiter(taken, dtype=np.int64, count=n)
-        m = min(len(x), 4 * m)
+    from sklearn.metrics.pairwise import euclidean_distances
+
+    c = np.asarray(centres, np.float64)
+    xs = np.asarray(x, np.float64)
+    n = len(c)
+    block = n if n * len(xs) <= _FULL_DISTANCES else max(1, _FULL_DISTANCES // max(1, len(xs)))
+    taken: dict[int, None] = {}
+    ax, rem = 0, n
+    orders: list[np.ndarray] = []
+    for c0 in range(0, n, block):
+        orders.append(euclidean_distances(c[c0 : c0 + block], xs).argsort(axis=1))
+    order = np.concatenate(orders)
+    while rem > 0:
+        if ax >= order.shape[1]:
+            raise ValueError(f"las: {n} centres share fewer than {n} distinct samples")
+        for j in order[:rem, ax].tolist():
+            taken.setdefault(int(j))
+        rem = n - len(taken)
+        ax += 1
+    return np.fromiter(taken, dtype=np.int64, count=n)
+
+
+RANKINGS = ("authors", "stable")
+"""The values of LAS's ``ranking`` (of the ``Q`` scores before k-means)."""
+
+KMEANS_N_INIT = 10
+"""k-means initialisations of LAS: scikit-learn's default before 1.4 (the authors' Python 3.8
+environment cannot install 1.4, where the default became 1 for k-means++)."""
+
+
+def rank_scores(q: np.ndarray, ranking: str = "authors") -> np.ndarray:
+    """Positions by descending ``q`` (float32 values).
+
+    ``authors``: ``torch.sort(descending=True)`` of the float32 tensor, as their
+    ``Q_score.sort(descending=True)`` (not stable: on the CPU the order among exactly equal
+    scores is that of PyTorch's sort, a function of the input, not the position);
+    ``stable``: ties by lower position (an option).
+
+    Example:
+        >>> rank_scores(np.array([0.5, 2.0, 1.0])).tolist()
+        [1, 2, 0]
+    """
+    if ranking not in RANKINGS:
+        raise ValueError(f"las: ranking must be one of {', '.join(RANKINGS)}; got {ranking!r}")
+    q32 = np.ascontiguousarray(q, dtype=np.float32)
+    if ranking == "authors":
+        return torch.from_numpy(q32).sort(descending=True)[1].numpy().astype(np.int64)
+    return np.argsort(-q32, kind="stable").astype(np.int64)
 
 
 @register(
@@ -347,6 +376,8 @@ def las_select(
     prop_iter: int = 1,
     prop_coef: float = 1.0,
     knn: str = "auto",
+    ranking: str = "authors",
+    n_init: int = KMEANS_N_INIT,
     **_: Any,
 ) -> Selection:
     """LAS (module docstring): ``Q`` on the cosine kNN graph, k-means over the top candidates.
@@ -363,6 +394,10 @@ def las_select(
         knn: the neighbour search: ``auto`` (default; exact below :data:`EXACT_BELOW` =
             50,000 samples, faiss HNSW from there on), ``exact`` or ``faiss`` (module
             docstring); ``info["knn"]`` says which ran.
+        ranking: the order of the ``Q`` scores (:func:`rank_scores`): ``authors`` (default,
+            their unstable ``torch.sort``) or ``stable`` (ties by position, an option).
+        n_init: k-means initialisations (default :data:`KMEANS_N_INIT` = 10, the authors'
+            scikit-learn's default), best inertia kept.
 
     Example:
         >>> gen = np.random.default_rng(0)
@@ -381,14 +416,26 @@ def las_select(
         )
     if knn not in KNN_METHODS:
         raise ValueError(f"active.params.knn must be one of {', '.join(KNN_METHODS)}; got {knn!r}")
+    if n_init < 1:
+        raise ValueError(f"las: n_init must be >= 1, got {n_init}")
     z = pool.require_embeddings("las")
-    q, used = las_scores(pool.probabilities("las"), z, neighbours, prop_iter, prop_coef, knn)
-    ranked = np.argsort(-q, kind="stable")
+    # their softmax of the model's float32 logits (-E)
+    energies = torch.from_numpy(np.ascontiguousarray(pool.require_energies("las"), np.float32))
+    probs = torch.softmax(-energies, dim=1).numpy()
+    q, used = las_scores(probs, z, neighbours, prop_iter, prop_coef, knn)
+    ranked = rank_scores(q, ranking)
     cand = ranked[: min(n, budget * (1 + oversample))]
     zc = torch.nn.functional.normalize(torch.from_numpy(np.asarray(z[cand], np.float32)), dim=1)
-    km = KMeans(n_clusters=budget, random_state=int(rng.integers(2**31 - 1)))
-    km.fit(zc.numpy())
-    picked = cand[centroid_picks(km.cluster_centers_, zc.numpy())]
+    # their KMeans receives a float32 torch tensor, which scikit-learn converts to float64
+    x64 = zc.numpy().astype(np.float64)
+    km = KMeans(
+        n_clusters=budget,
+        n_init=n_init,
+        algorithm="lloyd",
+        random_state=int(rng.integers(2**31 - 1)),
+    )
+    km.fit(x64)
+    picked = cand[centroid_picks(km.cluster_centers_, x64)]
     return Selection(
         indices=picked.astype(np.int64),
         scores={"local_inconsistency": q},

@@ -44,6 +44,10 @@ class TrainingComponents(Protocol):
         """One optimiser step on their parameters."""
         ...
 
+    def after_step(self, trainer: Any) -> dict[str, float]:
+        """Their own optimiser steps after the step (LADA's MME and CDAC), values to log."""
+        ...
+
     def pool_scores(self, embeddings: np.ndarray, device: torch.device) -> dict[str, np.ndarray]:
         """Per-sample scores on the pool's embeddings (``PoolOutputs.extra``)."""
         ...

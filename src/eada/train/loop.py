@@ -222,6 +222,28 @@ class ActiveDATrainer(StepMixin, SelectionMixin, EvaluationMixin, StateMixin):
             result = RunResult(**{**self._resume["result"], "plan": self.plan})
             open_round = result.rounds[-1] if self._resume["open_round"] else None
             self._resume = None
+        else:
+            gs = self.gate_schedule  # a project store's later segment: its source stage is done
+            if gs is None or gs.epochs_before == 0:
+                self.train_source_epochs()  # LADA's source stage (train.source_epochs)
+            if 0 in rounds_by_epoch:  # a round before the first epoch (LADA's VisDA-2017)
+                metrics = self.evaluate()
+                result.rounds.append(
+                    {
+                        "round": 0,
+                        "epoch": 0,
+                        "n_labeled": 0,
+                        "after_training": {"epoch": 0, **metrics},
+                    }
+                )
+                p = rounds_by_epoch[0]
+                self._emit("before_round", {"round": p["round"], "epoch": 0})
+                rec = self.select_round(p["round"], 0, p["budget"])
+                rec["at_selection"] = metrics
+                result.rounds.append(rec)
+                open_round = rec
+                self._emit("after_round", rec)
+                steps = self.steps_per_epoch()
         for epoch in range(first_epoch, cfg.train.epochs + 1):
             if cfg.train.loaders == "per_epoch":  # the authors' code: every loader restarts
                 for stream in (self.source_stream, self.unlabeled_stream, self.labeled_stream):

@@ -16,6 +16,24 @@ from eada.strategies import (
 )
 
 
+def lada_budgets(total: int | float, n_target: int, rounds: int) -> list[int]:
+    """LADA's per-round budgets (``active/budget.py``): the whole budget (a count, or a share
+    of the target set: NumPy's round half to even of ``n_target x share``), ``total // R`` a
+    round and the remainder in the last.
+
+    Example:
+        >>> lada_budgets(0.05, 2427, 5)  # Office-Home Art: np.round(121.35) = 121
+        [24, 24, 24, 24, 25]
+        >>> lada_budgets(0.05, 55388, 5)  # VisDA-2017 validation: 2769
+        [553, 553, 553, 553, 557]
+    """
+    import numpy as np
+
+    whole = int(np.round(n_target * total)) if isinstance(total, float) else int(total)
+    per = whole // rounds
+    return [per] * (rounds - 1) + [whole - per * (rounds - 1)]
+
+
 def round_plan(a: ActiveConfig, n_target: int) -> list[dict[str, Any]]:
     """The rounds of ``a`` on a target of ``n_target`` samples: per round ``round``,
     ``epoch``, ``pool_before``, ``stage1`` and ``budget``, validated before any work starts
@@ -31,10 +49,19 @@ def round_plan(a: ActiveConfig, n_target: int) -> list[dict[str, Any]]:
     share = a.budget_per_round if isinstance(a.budget_per_round, float) else None
     if a.strategy == "random" and a.selection_rule == "reference" and share is not None:
         budget = reference_random_budget(share, n_target)  # the authors' round(N share)
+    budgets = [budget] * len(a.rounds_at)
+    if a.budget_total is not None:  # LADA's rule: the whole budget split over the rounds
+        budgets = lada_budgets(a.budget_total, n_target, len(a.rounds_at))
     pool = n_target
     plan = []
     for r, epoch in enumerate(a.rounds_at, start=1):
+        budget = budgets[r - 1]
         try:
+            if budget < 1:
+                raise ValueError(
+                    f"active.budget_total labels {budget} samples in this round (LADA's rule: "
+                    f"the total // {len(a.rounds_at)} rounds); raise it or use fewer rounds"
+                )
             if a.strategy == "eada":
                 n1, n2 = stage_sizes(pool, budget, a.alpha1, a.selection_rule, n_target, share)
             else:

@@ -41,12 +41,11 @@ class SelectionMixin(TrainerBase):
             outputs = self.complete_pool_outputs(outputs, needs)
         t1 = time.perf_counter()
         params = dict(a.params)
+        share = a.budget_per_round if isinstance(a.budget_per_round, float) else None
         if a.strategy == "eada":
-            params.update(
-                alpha1=a.alpha1,
-                rule=a.selection_rule,
-                budget_share=a.budget_per_round if isinstance(a.budget_per_round, float) else None,
-            )
+            params.update(alpha1=a.alpha1, rule=a.selection_rule, budget_share=share)
+        elif "budget_share" in spec.options:  # DUC's stage 1: ceil(N_T * share * kappa)
+            params.update(budget_share=share)
         if self.world == 1:
             sel = spec.fn(outputs, budget, self.strategy_rng, **params)
         else:  # rank 0 selects ONCE; every rank receives the same positions

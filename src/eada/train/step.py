@@ -43,13 +43,47 @@ def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer
         )
         if g["params"]
     ]
+    if cfg.schedule != "constant":
+        for g in groups:  # kept in the optimiser's state (checkpoints): lr_0 and the step
+            g["initial_lr"], g["schedule_step"] = g["lr"], 0
     if cfg.name == "sgd":
         return torch.optim.SGD(
-            groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            groups,
+            lr=cfg.lr,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            nesterov=cfg.nesterov,
         )
     if cfg.name == "adam":
         return torch.optim.Adam(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
     return torch.optim.Adadelta(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def apply_lr_schedule(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> None:
+    """Set every parameter group's learning rate for the coming step by ``cfg.schedule``
+    (:class:`~eada.config.OptimConfig`) and count the step; nothing for ``constant``.
+
+    ``inv``: ``lr_i = lr_0 (1 + gamma i) ^ -power``, ``i`` the group's ``schedule_step`` (0 for
+    the first step, kept in the optimiser's state, so a resumed run goes on where it stopped).
+
+    Example:
+        >>> from eada.config import OptimConfig
+        >>> cfg = OptimConfig(name="sgd", lr=0.01, schedule="inv")
+        >>> opt = build_optimizer(cfg, nn.Linear(2, 2))
+        >>> lrs = []
+        >>> for _ in range(3):
+        ...     apply_lr_schedule(opt, cfg)
+        ...     lrs.append(round(opt.param_groups[0]["lr"], 8))
+        >>> lrs  # 0.01 (1 + 0.001 i) ^ -0.75
+        [0.01, 0.00999251, 0.00998503]
+    """
+    if cfg.schedule == "constant":
+        return
+    for g in optimizer.param_groups:
+        i = int(g.get("schedule_step", 0))
+        base = float(g.setdefault("initial_lr", g["lr"]))
+        g["lr"] = base * (1.0 + cfg.schedule_gamma * i) ** (-cfg.schedule_power)
+        g["schedule_step"] = i + 1
 
 
 def record_alignment_runaway(
@@ -214,11 +248,13 @@ class StepMixin(TrainerBase):
         if self.aux is not None:
             self.aux.zero_grad()
         loss.backward()  # DDP averages the model's gradients over the ranks here
+        apply_lr_schedule(self.optimizer, self.cfg.optim)
         self.optimizer.step()
         if self.aux is not None:
             if self.world > 1:
                 dist_ops.average_gradients(self.aux.parameters())
             self.aux.step()
+            out.update(self.aux.after_step(self))  # LADA's MME: the entropy's own step
         out["loss"] = read(loss)
         return out
 
@@ -253,8 +289,35 @@ class StepMixin(TrainerBase):
     def steps_per_epoch(self) -> int:
         """``max(#source batches, #unlabeled batches)`` over the current pool, the reference
         code's epoch length (``train.loaders: continuous`` takes it once, from the initial
-        pool; ``per_epoch`` at the start of every epoch)."""
-        return max(self.source_stream.batches_per_pass, self.unlabeled_stream.batches_per_pass)
+        pool; ``per_epoch`` at the start of every epoch); ``train.epoch_length`` ``source``:
+        the source batches (LADA's ft, RAA, LAA), ``min``: the smaller (LADA's MME, DANN),
+        ``labeled``: the labeled-target batches (LADA's ft_tgt; one step while none is
+        labeled)."""
+        s, u = self.source_stream.batches_per_pass, self.unlabeled_stream.batches_per_pass
+        how = self.cfg.train.epoch_length
+        if how == "labeled":
+            return max(1, self.labeled_stream.batches_per_pass)
+        return s if how == "source" else max(1, min(s, u)) if how == "min" else max(s, u)
+
+    def train_source_epochs(self) -> None:
+        """``train.source_epochs`` epochs of source-only NLL (LADA's source stage), one
+        source pass each, with an optimiser of their own (built like the main one); the
+        source stream goes on from where they leave it."""
+        t = self.cfg.train
+        if t.source_epochs < 1:
+            return
+        opt = build_optimizer(self.cfg.optim, self.model)
+        self._step.train()
+        for _ in range(t.source_epochs * self.source_stream.batches_per_pass):
+            xs, ys = self.source_stream.next()
+            (e_s,) = self._step([xs.to(self.device, non_blocking=True)])
+            loss = energy_ops.energy_nll(e_s, ys.to(self.device), tau=t.tau)
+            if not bool(torch.isfinite(loss)):
+                raise FloatingPointError(f"source loss became {float(loss)}; lower the lr")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            apply_lr_schedule(opt, self.cfg.optim)
+            opt.step()
 
     def fea_gate_weight(self, epochs_done: float) -> float:
         """The weight of ``L_fea`` (``train.fea_gate``, :func:`eada.energy.fea_gate_weight`)
