@@ -111,7 +111,8 @@ class StoreOptions(BaseModel):
         near_duplicate_threshold: two samples of one round whose features have a cosine
             similarity at or above this are flagged as near-duplicates in the export and the
             report (never removed). Default (``None``): by what the features are, from
-            ``benchmarks/near_duplicates.py`` (BENCHMARKS.md, "Near-duplicate threshold"):
+            ``benchmarks/investigations/near_duplicates.py`` (BENCHMARKS.md, "Near-duplicate
+            threshold"):
             0.94 on feature rows (a frozen backbone's features, feature files): on frozen
             EfficientNet-Lite0 features of the Office-31 webcam images it flags 28 pairs,
             16 of the 33 pixel-near-identical ones (precision 0.57, recall 0.48 against that

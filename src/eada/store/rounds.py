@@ -479,7 +479,8 @@ class ProjectRounds(ProjectLabels):
         return {k: str(v) for k, v in files.items()}
 
 
-# store.near_duplicate_threshold's defaults by what the features are (benchmarks/near_duplicates.py)
+# store.near_duplicate_threshold's defaults by what the features are
+# (benchmarks/investigations/near_duplicates.py)
 NEAR_DUPLICATE_DEFAULTS = {"features": 0.94, "images": 0.999}
 
 

@@ -6,7 +6,7 @@ sample nearest to each centroid (the next nearest if that one is already taken).
 scikit-learn's (Lloyd with k-means++ init, chunked, O(N K D) a Lloyd iteration), best of
 ``n_init = 10`` initialisations by weighted inertia as in the authors' code (``KMeans(n)`` of
 scikit-learn 0.22, whose default ``n_init`` was 10); with one initialisation the picks on the
-same pool changed with the seed (benchmarks/clue_diagnosis.py, BENCHMARKS.md); the
+same pool changed with the seed (benchmarks/investigations/clue_diagnosis.py, BENCHMARKS.md); the
 nearest-sample search works on blocks of centroids, never a dense ``N x K`` matrix of more than a
 few MB. CLUE's training part (the semi-supervised adversarial entropy loss of MME) is the
 ``adversarial_entropy`` component of :mod:`eada.train.aux`, switched on with this strategy.

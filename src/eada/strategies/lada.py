@@ -63,7 +63,7 @@ EXACT_BELOW = 50_000
 KNN_METHODS = ("auto", "exact", "faiss")
 """The values of ``active.params.knn``."""
 
-# faiss HNSW settings (chosen by benchmarks/knn_choice.py, BENCHMARKS.md)
+# faiss HNSW settings (chosen by benchmarks/investigations/knn_choice.py, BENCHMARKS.md)
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 40
 HNSW_EF_SEARCH = 64

@@ -15,7 +15,7 @@ rounds; per round in the JSON.
 
 Usage (repository root; one thread)::
 
-    OMP_NUM_THREADS=1 python benchmarks/seed_sensitivity.py --threads 1 \\
+    OMP_NUM_THREADS=1 python benchmarks/investigations/seed_sensitivity.py --threads 1 \\
         --out benchmarks/results/seed_sensitivity.json
 
 The Markdown table goes to stdout (docs/duc-lada-fidelity.md).
