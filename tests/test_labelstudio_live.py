@@ -24,31 +24,15 @@ import yaml
 
 from eada.cli import main
 from eada.store import Project
+from support import flat as _flat
+from support import ls_api as _api
+from support import ls_tasks as _tasks
 
 REPO = Path(__file__).resolve().parents[1]
 OFFICE = REPO.parent / "shared" / "data" / "office31"
 CLASSES = ["back_pack", "bike", "bike_helmet"]
 
 pytestmark = [pytest.mark.data, pytest.mark.slow]
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _api(ls: dict[str, Any], method: str, path: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(ls["url"] + path, data=data, method=method)
-    req.add_header("Authorization", f"Token {ls['legacy_token']}")
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        raw = resp.read()
-    return json.loads(raw) if raw else None
-
-
-def _tasks(ls: dict[str, Any], project: int) -> list[dict[str, Any]]:
-    out = _api(ls, "GET", f"/api/projects/{project}/tasks/?page_size=1000")
-    return out if isinstance(out, list) else out["tasks"]
 
 
 def _choice(label: str) -> list[dict[str, Any]]:

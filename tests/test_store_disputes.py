@@ -16,28 +16,15 @@ from sklearn.metrics import cohen_kappa_score
 
 import eada
 from eada.cli import main
-from eada.hparams import preset_config
-from eada.store import Project, init_project
+from eada.store import Project
 from eada.store.db import SCHEMA_VERSION
-
-TOY = [
-    "data.n_per_class=60",
-    "train.epochs=3",
-    "active.rounds_at=[1,2]",
-    "active.budget_per_round=6",
-]
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
+from support import flat as _flat
+from support import toy_project
 
 
 @pytest.fixture
 def proj(tmp_path: Path) -> Project:
-    p = init_project(tmp_path / "p", preset_config("toy", "eada", 0, TOY))
-    p.train()
-    p.query()
-    return p
+    return toy_project(tmp_path, 6)
 
 
 def _ids(p: Project) -> list[int]:

@@ -22,17 +22,8 @@ from eada.cli import main
 from eada.hparams import preset_config
 from eada.store import Project, init_project
 from eada.store.labelstudio import LabelStudioClient, LabelStudioError
-
-TOY = [
-    "data.n_per_class=60",
-    "train.epochs=3",
-    "active.rounds_at=[1,2]",
-    "active.budget_per_round=5",
-]
-
-
-def _flat(text: str) -> str:
-    return " ".join(text.split())
+from support import flat as _flat
+from support import toy_overrides, toy_project
 
 
 def _error(err: str) -> str:
@@ -43,10 +34,7 @@ def _error(err: str) -> str:
 
 @pytest.fixture
 def proj(tmp_path: Path) -> Project:
-    p = init_project(tmp_path / "p", preset_config("toy", "eada", 0, TOY))
-    p.train()
-    p.query()
-    return p
+    return toy_project(tmp_path, 5)
 
 
 def _rows(p: Project, number: int = 1) -> list[dict[str, str]]:
@@ -303,7 +291,7 @@ def test_absurd_epochs_and_misleading_out_paths(proj: Project, tmp_path: Path, c
 
 def test_store_paths_with_spaces_are_quoted_in_printed_commands(tmp_path: Path, capsys) -> None:
     store = tmp_path / "my project"
-    cfg = preset_config("toy", "eada", 0, TOY)
+    cfg = preset_config("toy", "eada", 0, toy_overrides())
     init_project(store, cfg)
     assert main(["status", "--store", str(store)]) == 0
     out = capsys.readouterr().out

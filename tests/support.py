@@ -1,0 +1,52 @@
+"""Helpers several test files share: output flattening, a toy project store, and calls to a
+live Label Studio server's API (the ``label_studio`` fixture in ``conftest.py`` starts it)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from eada.hparams import preset_config
+from eada.store import Project, init_project
+
+
+def flat(text: str) -> str:
+    """``text`` with every run of whitespace one space (messages wrap at any width)."""
+    return " ".join(text.split())
+
+
+def toy_overrides(budget: int = 5) -> list[str]:
+    """A short toy schedule: 3 epochs, rounds after epochs 1 and 2 of ``budget`` samples."""
+    return [
+        "data.n_per_class=60",
+        "train.epochs=3",
+        "active.rounds_at=[1,2]",
+        f"active.budget_per_round={budget}",
+    ]
+
+
+def toy_project(tmp_path: Path, budget: int = 5) -> Project:
+    """A toy project store trained to round 1, with round 1 (``budget`` samples) queried."""
+    p = init_project(tmp_path / "p", preset_config("toy", "eada", 0, toy_overrides(budget)))
+    p.train()
+    p.query()
+    return p
+
+
+def ls_api(ls: dict[str, Any], method: str, path: str, body: Any = None) -> Any:
+    """One JSON call to the live Label Studio ``ls`` (its legacy token), as a user's script."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(ls["url"] + path, data=data, method=method)
+    req.add_header("Authorization", f"Token {ls['legacy_token']}")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else None
+
+
+def ls_tasks(ls: dict[str, Any], project: int) -> list[dict[str, Any]]:
+    """Every task of a Label Studio project."""
+    out = ls_api(ls, "GET", f"/api/projects/{project}/tasks/?page_size=1000")
+    return out if isinstance(out, list) else out["tasks"]
