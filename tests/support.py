@@ -4,9 +4,12 @@ live Label Studio server's API (the ``label_studio`` fixture in ``conftest.py`` 
 from __future__ import annotations
 
 import json
+import shutil
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from eada.hparams import preset_config
 from eada.store import Project, init_project
@@ -50,3 +53,54 @@ def ls_tasks(ls: dict[str, Any], project: int) -> list[dict[str, Any]]:
     """Every task of a Label Studio project."""
     out = ls_api(ls, "GET", f"/api/projects/{project}/tasks/?page_size=1000")
     return out if isinstance(out, list) else out["tasks"]
+
+
+def copy_office(
+    office: Path, src: Path, tgt: Path, classes: list[str], webcam: slice, prefix: str
+) -> dict[str, str]:
+    """Copy 6 amazon images a class of ``classes`` into class folders under ``src`` and the
+    ``webcam`` slice of each class's webcam images, renamed ``{prefix}_NNNN.jpg``, into the flat
+    folder ``tgt``; returns each target file's true class."""
+    truth: dict[str, str] = {}
+    for c in classes:
+        (src / c).mkdir(parents=True)
+        for f in sorted((office / "amazon" / "images" / c).iterdir())[:6]:
+            shutil.copy(f, src / c / f.name)
+        for f in sorted((office / "webcam" / "images" / c).iterdir())[webcam]:
+            name = f"{prefix}_{len(truth):04d}.jpg"
+            shutil.copy(f, tgt / name)
+            truth[name] = c
+    return truth
+
+
+def lite0_config(
+    folder: Path, name: str, src: Path, tgt: Path, store: dict[str, Any] | None = None
+) -> Path:
+    """``folder/C.yaml``: a small project on frozen EfficientNet-Lite0 features (3 epochs,
+    rounds of 5 after epochs 1 and 2), with an optional ``store:`` section."""
+    cfg: dict[str, Any] = {
+        "name": name,
+        "device": "cpu",
+        "data": {
+            "kind": "images",
+            "source": str(src),
+            "target": str(tgt),
+            "workers": 0,
+            "cache_dir": str(folder / "cache"),
+        },
+        "model": {
+            "name": "backbone",
+            "backbone": "efficientnet_lite0",
+            "weights": "pretrained",
+            "bottleneck_dim": 64,
+            "freeze_backbone": True,
+        },
+        "optim": {"name": "adadelta", "lr": 0.1},
+        "train": {"epochs": 3, "batch_size": 8},
+        "active": {"strategy": "eada", "rounds_at": [1, 2], "budget_per_round": 5},
+    }
+    if store is not None:
+        cfg["store"] = store
+    path = folder / "C.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -466,22 +466,33 @@ def test_las_centroid_picks_take_next_nearest_when_shared() -> None:
     assert lada_mod.centroid_picks(centres, x).tolist() == [0, 2]
 
 
-def test_duc_configs_follow_the_authors_protocol() -> None:
+def _protocol_configs(prefix: str, method: str) -> list[tuple[Any, Any]]:
+    """``configs/{prefix}_*.yaml`` (Office-31 A->W, Office-Home Ar->Cl, VisDA-2017), loaded,
+    each checked to say in its header that it follows ``method``'s authors and has not been
+    run to completion."""
     from pathlib import Path
 
     from eada.config import load_config
+
+    paths = sorted((Path(__file__).resolve().parents[1] / "configs").glob(f"{prefix}_*.yaml"))
+    assert [p.name for p in paths] == [
+        f"{prefix}_office31_amazon_webcam.yaml",
+        f"{prefix}_office_home_ar_cl.yaml",
+        f"{prefix}_visda2017.yaml",
+    ]
+    out = []
+    for path in paths:
+        header = " ".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
+        assert f"{method} authors' protocol" in header
+        assert "not yet run to completion here" in header
+        out.append((path, load_config(path)))
+    return out
+
+
+def test_duc_configs_follow_the_authors_protocol() -> None:
     from eada.hparams import METHODS
 
-    paths = sorted((Path(__file__).resolve().parents[1] / "configs").glob("duc_*.yaml"))
-    assert [p.name for p in paths] == [
-        "duc_office31_amazon_webcam.yaml",
-        "duc_office_home_ar_cl.yaml",
-        "duc_visda2017.yaml",
-    ]
-    for path in paths:
-        cfg = load_config(path)
-        header = " ".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
-        assert "DUC authors' protocol" in header and "not yet run to completion here" in header
+    for path, cfg in _protocol_configs("duc", "DUC"):
         assert cfg.active.strategy == "duc" and cfg.active.rounds_at == [10, 12, 14, 16, 18]
         visda = "visda" in path.name
         extra = {"duc_source_weight": 0.5} if visda else {}  # their main.py:148-150
@@ -886,20 +897,7 @@ def test_anchor_mixup_mixes_each_anchor_with_its_anchor_view() -> None:
 
 
 def test_lada_configs_follow_the_authors_protocol() -> None:
-    from pathlib import Path
-
-    from eada.config import load_config
-
-    paths = sorted((Path(__file__).resolve().parents[1] / "configs").glob("lada_*.yaml"))
-    assert [p.name for p in paths] == [
-        "lada_office31_amazon_webcam.yaml",
-        "lada_office_home_ar_cl.yaml",
-        "lada_visda2017.yaml",
-    ]
-    for path in paths:
-        cfg = load_config(path)
-        header = " ".join(ln for ln in path.read_text().splitlines() if ln.startswith("#"))
-        assert "LADA authors' protocol" in header and "not yet run to completion here" in header
+    for path, cfg in _protocol_configs("lada", "LADA"):
         visda = "visda" in path.name
         a, t, o = cfg.active, cfg.train, cfg.optim
         assert a.strategy == "las" and a.budget_total == 0.05

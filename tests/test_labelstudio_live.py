@@ -14,16 +14,15 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from eada.cli import main
 from eada.store import Project
+from support import copy_office, lite0_config
 from support import flat as _flat
 from support import ls_api as _api
 from support import ls_tasks as _tasks
@@ -51,39 +50,10 @@ def unlabeled(label_studio: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     src = tmp_path / "amazon"
     tgt = label_studio["root"] / f"imgs-{tmp_path.name}"
     tgt.mkdir()
-    truth: dict[str, str] = {}
-    for c in CLASSES:
-        (src / c).mkdir(parents=True)
-        for f in sorted((OFFICE / "amazon" / "images" / c).iterdir())[:6]:
-            shutil.copy(f, src / c / f.name)
-        for f in sorted((OFFICE / "webcam" / "images" / c).iterdir())[:5]:
-            name = f"img_{len(truth):04d}.jpg"
-            shutil.copy(f, tgt / name)
-            truth[name] = c
-    cfg = {
-        "name": "office-unlabeled",
-        "device": "cpu",
-        "data": {
-            "kind": "images",
-            "source": str(src),
-            "target": str(tgt),
-            "workers": 0,
-            "cache_dir": str(tmp_path / "cache"),
-        },
-        "model": {
-            "name": "backbone",
-            "backbone": "efficientnet_lite0",
-            "weights": "pretrained",
-            "bottleneck_dim": 64,
-            "freeze_backbone": True,
-        },
-        "optim": {"name": "adadelta", "lr": 0.1},
-        "train": {"epochs": 3, "batch_size": 8},
-        "active": {"strategy": "eada", "rounds_at": [1, 2], "budget_per_round": 5},
-        "store": {"label_studio_root": str(label_studio["root"])},
-    }
-    path = tmp_path / "C.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    truth = copy_office(OFFICE, src, tgt, CLASSES, slice(0, 5), "img")
+    path = lite0_config(
+        tmp_path, "office-unlabeled", src, tgt, {"label_studio_root": str(label_studio["root"])}
+    )
     return {"config": path, "truth": truth, "store": tmp_path / "P"}
 
 

@@ -30,17 +30,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "office31_amazon_subset_webcam_lite0_frozen.yaml"
-OFFICE = ROOT.parent / "shared" / "data" / "office31"
+sys.path.insert(0, str(Path(__file__).parents[1]))  # finetune_pipeline, at the top of benchmarks/
 
-
-def subset(tmp: Path, domain: str, per_class: int) -> Path:
-    """``tmp/DOMAIN/images/CLASS/*.jpg``: links to the first ``per_class`` images a class."""
-    for cls_dir in sorted((OFFICE / domain / "images").iterdir()):
-        d = tmp / domain / "images" / cls_dir.name
-        d.mkdir(parents=True)
-        for f in sorted(cls_dir.glob("*.jpg"))[:per_class]:
-            (d / f.name).symlink_to(f)
-    return tmp / domain
+from finetune_pipeline import subset  # noqa: E402
 
 
 def child(per_class: int) -> dict[str, Any]:

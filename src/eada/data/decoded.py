@@ -85,10 +85,6 @@ def base_image(base: Base, spec: TransformSpec, img: Any) -> Any:
     return T.CenterCrop(spec.crop)(T.Resize((spec.test_resize, spec.test_resize))(sq))
 
 
-class DecodeCacheError(ValueError):
-    """A decode cache that cannot be used (the message says why and what runs instead)."""
-
-
 @dataclass
 class CachePlan:
     """What a decode cache of one domain will hold, before anything is decoded."""
