@@ -22,7 +22,9 @@ Protocol of a distributed round (every rank calls the same functions):
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -80,6 +82,12 @@ def setup(backend: str | None = None, timeout_s: float = 300.0) -> tuple[int, in
             f"distributed setup needs {', '.join(missing)} in the environment: launch with torchrun"
         )
     if not is_distributed():
+        # DistributedDataParallel imports torch._dynamo; imported after the group exists, that
+        # import keeps references to the group for the rest of the process (torch 2.14), so the
+        # group's threads outlive destroy_process_group and may abort the interpreter's exit
+        # ("terminate called without an active exception"). Imported first, it holds none.
+        import torch._dynamo
+
         backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         if backend == "nccl":
             check_nccl_devices()
@@ -98,11 +106,36 @@ def backend_name() -> str:
     return str(dist.get_backend()) if is_distributed() else "none"
 
 
+#: The live objects that hold the process group (a trainer with a ``DistributedDataParallel``
+#: wrapper), released by :func:`teardown`; weak, so a trainer that is gone is not kept for it.
+_HOLDERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def on_teardown(holder: Any) -> None:
+    """Have :func:`teardown` call ``holder.release_group()`` if ``holder`` is still alive then:
+    it must drop every reference ``holder`` keeps to the process group (e.g. unwrap a
+    ``DistributedDataParallel``)."""
+    if not callable(getattr(holder, "release_group", None)):
+        raise TypeError(f"{type(holder).__name__} has no release_group() method")
+    _HOLDERS.add(holder)
+
+
 def teardown() -> None:
-    """Wait for every rank, then leave the process group (no-op without one)."""
+    """Wait for every rank, then leave the process group (no-op without one).
+
+    First the objects registered with :func:`on_teardown` let go of the group (a trainer's DDP
+    wrapper: :meth:`eada.train.ActiveDATrainer.release_group`) and garbage is collected, so
+    that destroying the group really ends it and its threads: a group kept alive past this
+    point keeps gloo's threads running into the interpreter's exit, which can abort it (exit
+    code -6, "terminate called without an active exception") after a run that succeeded."""
     if is_distributed():
+        for holder in list(_HOLDERS):
+            holder.release_group()
+        _HOLDERS.clear()
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
+        gc.collect()
 
 
 def shard(n: int, rank: int, world: int) -> slice:

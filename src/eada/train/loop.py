@@ -147,6 +147,7 @@ class ActiveDATrainer(StepMixin, SelectionMixin, EvaluationMixin, StateMixin):
             cuda = self.device.type == "cuda"
             ids = [self.device.index or torch.cuda.current_device()] if cuda else None
             self._step = DistributedDataParallel(self._step, device_ids=ids)
+            dist_ops.on_teardown(self)  # teardown() calls release_group()
         self.oracle: Oracle = oracle if oracle is not None else SimulatedOracle(task.target.y)
         self.delta = energy_ops.DeltaEstimator(
             cfg.train.delta_mode, cfg.train.delta_momentum, seed=cfg.seed + 1
@@ -187,6 +188,16 @@ class ActiveDATrainer(StepMixin, SelectionMixin, EvaluationMixin, StateMixin):
         self._run_state: dict[str, Any] | None = None  # progress inside run(), for checkpoints
         self._resume: dict[str, Any] | None = None  # progress restored by load_state_dict
         self.aux = self._build_components()  # some baselines' own (eada.train.aux)
+
+    def release_group(self) -> None:
+        """Drop the ``DistributedDataParallel`` wrapper of the step, and with it this trainer's
+        reference to the process group (:func:`eada.distributed.teardown` calls it before it
+        destroys the group). Call it when no distributed work follows: a later step would no
+        longer average gradients over the ranks."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(self._step, DistributedDataParallel):
+            self._step = self._step.module
 
     def _build_components(self) -> TrainingComponents | None:
         for builder in COMPONENT_BUILDERS:
