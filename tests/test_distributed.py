@@ -164,6 +164,10 @@ out["buffers"] = [float(b.double().sum()) for b in tr.model.buffers()]
 out["accuracy"] = res.final["last_epoch"]["target"]["accuracy"]
 out["delta"] = res.final["delta"]
 out["loss"] = [h["loss_source"] for h in res.history]
+# LADA's MME with its own optimiser step (outside DDP) each iteration
+mme = trainer_for("las_mme", ["active.params.mme_separate_step=1"])
+mme.run()
+out["mme_params"] = [float(p.detach().double().sum()) for p in mme.model.parameters()]
 teardown()  # tr still alive: teardown releases its DDP wrapper
 out["group_alive_after_teardown"] = group() is not None
 out["threads_after_teardown"] = len(os.listdir("/proc/self/task"))
@@ -195,6 +199,8 @@ def test_distributed_trainer_selects_the_single_process_set_and_trains(tmp_path:
     assert r0["accuracy"] == r1["accuracy"] and r0["delta"] == r1["delta"]
     assert r0["loss"] == r1["loss"]  # epoch losses are averaged over the ranks
     assert r0["loss"][-1] < r0["loss"][0]  # it learns
+    # the separate step draws the same target batch on every rank: the replicas stay identical
+    assert r0["mme_params"] == r1["mme_params"]
     # teardown ended the group and gloo's threads: none run into the interpreter's exit, where
     # they can abort a run that succeeded (SIGABRT, "terminate called without an active
     # exception"; seen once in CI before torch._dynamo was imported ahead of the group)
