@@ -169,6 +169,50 @@ def test_a_schema_2_store_is_migrated_with_its_answers_as_votes(proj: Project) -
     assert st["disputes"] == [] and st["agreement"][0]["agree"] == 0
 
 
+def test_a_read_only_schema_2_store_is_read_through_an_upgrade_in_memory(
+    proj: Project, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A user who may not write a schema-2 store can still read it (status, export): it is
+    upgraded in memory only; the file keeps its bytes, writes stay refused, and the first user
+    who may write upgrades the file."""
+    from eada.store import db as store_db
+
+    ids = _ids(proj)
+    eada.import_labels(proj, [{"sample_id": ids[0], "label": proj.classes[0]}], annotator="a")
+    eada.import_labels(
+        proj, [{"sample_id": ids[0], "label": proj.classes[1]}], annotator="b", force=True
+    )
+    proj.close()
+    db = sqlite3.connect(proj.folder / "eada.sqlite")  # as eada with schema 2 left it
+    db.executescript(
+        "BEGIN; DROP TABLE votes; DROP TABLE disputes; "
+        "UPDATE meta SET value = '2' WHERE key = 'schema_version'; COMMIT;"
+    )
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    file_bytes = (proj.folder / "eada.sqlite").read_bytes()
+    monkeypatch.setattr(store_db, "_writable", lambda path: False)
+    s = ["--store", str(proj.folder)]
+    assert main(["status", *s, "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["read_only"] is True and st["upgraded_in_memory_from"] == 2
+    assert st["n_labeled"] == 1 and st["agreement"][0]["agree"] == 0
+    assert main(["status", *s]) == 0
+    assert "schema version 2 and is read-only for you" in capsys.readouterr().out
+    assert main(["export", *s, "--out", str(tmp_path / "out")]) == 0
+    with open(tmp_path / "out" / "labels.csv", newline="") as fh:
+        assert [r["sample_id"] for r in csv.DictReader(fh)] == [str(ids[0])]
+    f = _csv(tmp_path / "more.csv", [(ids[1], proj.classes[0], "", "a")])
+    assert main(["label", "import", str(f), *s]) == 2
+    assert "read-only" in capsys.readouterr().err
+    assert (proj.folder / "eada.sqlite").read_bytes() == file_bytes  # not a byte changed
+    monkeypatch.undo()  # a user who may write: the file itself is upgraded
+    p = Project(proj.folder)
+    assert p.store.get_meta("schema_version") == str(SCHEMA_VERSION)
+    assert p.status()["upgraded_in_memory_from"] is None
+    p.close()
+
+
 def test_the_export_lists_open_disputes(proj: Project, tmp_path: Path) -> None:
     ids = _ids(proj)
     a, b = proj.classes[0], proj.classes[1]

@@ -363,6 +363,12 @@ def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
         f"({st['budget_spent_percent']:.2f}% of the target), skipped {st['n_skipped']}, "
         f"corrections {st['corrections']}"
     )
+    if st.get("upgraded_in_memory_from") is not None:
+        _say(
+            f"note: this store's file has schema version {st['upgraded_in_memory_from']} and is "
+            "read-only for you: it was upgraded in memory to be read, and the file is unchanged; "
+            "any eada command run by a user who may write it upgrades the file"
+        )
     _say_next(next_command(st["next"], store, proj))
     cols = ("round", "epoch", "strategy", "selected", "labeled", "skipped", "pending")
     t = Table(title="rounds")

@@ -349,6 +349,9 @@ class Store:
                 + how(f"eada init --store {q(self.folder)}", "eada.create_project(folder, config)")
             )
         self.readonly = not create and not _writable(self.path)
+        #: the schema version of a read-only store's file when it was upgraded in memory only
+        #: (:meth:`migrate`), else ``None``
+        self.upgraded_in_memory: int | None = None
         try:
             self.conn = self._connect()
             if create:
@@ -427,36 +430,52 @@ class Store:
         is rebuilt with every row kept (ids, corrections and imports included); 2 -> 3 adds
         ``votes`` (filled from the label history) and ``disputes``.
 
-        Raises:
-            StoreError: the store is read-only for this user (it must be upgraded once).
+        A store this user may not write is upgraded in memory only: its file is copied into an
+        in-memory database (SQLite's backup API, one consistent snapshot), which is upgraded
+        and read from; the file is not touched (:attr:`upgraded_in_memory` names the version
+        it has), writes stay refused, and the next user who may write upgrades the file.
         """
         if self.readonly:
-            raise StoreError(
-                f"the store at {self.folder} has schema version {version} and needs a one-time "
-                f"upgrade to version {SCHEMA_VERSION}: run any eada command on it as a user who "
-                "may write it"
-            )
+            memory = sqlite3.connect(":memory:", isolation_level=None)
+            self.conn.backup(memory)
+            self.conn.close()
+            memory.row_factory = sqlite3.Row
+            self.conn = memory
+            memory.execute("PRAGMA foreign_keys=OFF")
+            memory.execute("BEGIN")
+            self._upgrade(memory, version)
+            memory.execute("COMMIT")
+            memory.execute("PRAGMA foreign_keys=ON")
+            self.upgraded_in_memory = version
+            return
         self.conn.execute("PRAGMA foreign_keys=OFF")  # the rebuild drops a referenced table
         try:
             with self.transaction() as c:
                 if self.get_meta("schema_version") != str(version):
                     return  # another process upgraded it while this one waited for the lock
-                if version == 1:
-                    for stmt in _MIGRATE_V1:
-                        c.execute(stmt)
-                    try:
-                        c.execute(_ONE_FIRST_LABEL)
-                    except sqlite3.IntegrityError:
-                        pass  # a store that already holds two first labels: kept as it is
-                if version <= 2:
-                    for stmt in _MIGRATE_V2:
-                        c.execute(stmt)
-                bad = c.execute("PRAGMA foreign_key_check").fetchall()
-                if bad:
-                    raise StoreError(f"{self.path}: upgrade refused, broken references {bad[:3]}")
-                self.set_meta("schema_version", str(SCHEMA_VERSION))
+                self._upgrade(c, version)
         finally:
             self.conn.execute("PRAGMA foreign_keys=ON")
+
+    def _upgrade(self, c: sqlite3.Connection, version: int) -> None:
+        """The statements of :meth:`migrate`, inside the caller's transaction on ``c``."""
+        if version == 1:
+            for stmt in _MIGRATE_V1:
+                c.execute(stmt)
+            try:
+                c.execute(_ONE_FIRST_LABEL)
+            except sqlite3.IntegrityError:
+                pass  # a store that already holds two first labels: kept as it is
+        if version <= 2:
+            for stmt in _MIGRATE_V2:
+                c.execute(stmt)
+        bad = c.execute("PRAGMA foreign_key_check").fetchall()
+        if bad:
+            raise StoreError(f"{self.path}: upgrade refused, broken references {bad[:3]}")
+        c.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
+            (str(SCHEMA_VERSION),),
+        )
 
     def close(self) -> None:
         """Close the database connection."""

@@ -429,6 +429,9 @@ class Project(ProjectRounds):
                 "scans": self.store.get_json("target_scans") or [],
             },
             "next": self.next_action(),
+            "read_only": self.store.readonly,
+            # the file's older schema version when this read-only store was upgraded in memory
+            "upgraded_in_memory_from": self.store.upgraded_in_memory,
         }
 
     SETTABLE = (
