@@ -923,16 +923,15 @@ def test_lada_dann_solver_cosine_head_and_target_only_epochs() -> None:
     head = torch.nn.Linear(6, 3)
     z = torch.randn(12, 6)
     comp = LogitDiscriminator(3, 0.1, 0.1)
-    loss, logs = comp.loss(
-        StepBatch(
-            z[:5],
-            torch.zeros(5, dtype=torch.long),
-            z[5:],
-            z[:0],
-            torch.zeros(0, dtype=torch.long),
-            head,
-        )
+    batch = StepBatch(
+        z[:5],
+        torch.zeros(5, dtype=torch.long),
+        z[5:],
+        z[:0],
+        torch.zeros(0, dtype=torch.long),
+        head,
     )
+    loss, logs = comp.loss(batch)
     logits = -head(z)
     pred = comp.disc(logits)
     domain = torch.tensor([1] * 5 + [0] * 7)
@@ -944,15 +943,7 @@ def test_lada_dann_solver_cosine_head_and_target_only_epochs() -> None:
     # the gradient reversal: the discriminator descends the domain loss, the head ascends it
     only_d = LogitDiscriminator(3, 0.1, 0.0)
     only_d.disc.load_state_dict(comp.disc.state_dict())
-    batch = StepBatch(
-        z[:5],
-        torch.zeros(5, dtype=torch.long),
-        z[5:],
-        z[:0],
-        torch.zeros(0, dtype=torch.long),
-        head,
-    )
-    rev, _ = only_d.loss(batch)
+    rev, _ = only_d.loss(batch)  # the same batch
     g_head_rev, g_disc_rev = torch.autograd.grad(rev, [head.weight, only_d.disc[0].weight])
     plain = 0.1 * torch.nn.functional.cross_entropy(only_d.disc(-head(z)), domain)
     g_head, g_disc = torch.autograd.grad(plain, [head.weight, only_d.disc[0].weight])
