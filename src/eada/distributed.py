@@ -135,7 +135,6 @@ def teardown() -> None:
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()
-        gc.collect()
 
 
 def shard(n: int, rank: int, world: int) -> slice:

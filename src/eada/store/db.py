@@ -458,7 +458,8 @@ class Store:
             self.conn.execute("PRAGMA foreign_keys=ON")
 
     def _upgrade(self, c: sqlite3.Connection, version: int) -> None:
-        """The statements of :meth:`migrate`, inside the caller's transaction on ``c``."""
+        """The statements of :meth:`migrate`, inside the caller's transaction on ``c``
+        (:attr:`conn`: the file's connection, or the in-memory copy of a read-only store)."""
         if version == 1:
             for stmt in _MIGRATE_V1:
                 c.execute(stmt)
@@ -472,10 +473,7 @@ class Store:
         bad = c.execute("PRAGMA foreign_key_check").fetchall()
         if bad:
             raise StoreError(f"{self.path}: upgrade refused, broken references {bad[:3]}")
-        c.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?)",
-            (str(SCHEMA_VERSION),),
-        )
+        self.set_meta("schema_version", str(SCHEMA_VERSION))  # c is self.conn in both paths
 
     def close(self) -> None:
         """Close the database connection."""
