@@ -51,7 +51,7 @@ from eada.bench import make_config, task_id
 from eada.config import ConfigError, parse_config
 from eada.hparams import METHODS
 from eada.reports.tables import render_table
-from eada.runs import write_json
+from eada.runs import find_jsonl, read_jsonl, write_json
 
 RESULTS = Path("benchmarks/results")
 OUT = RESULTS / "leaderboard"
@@ -254,11 +254,8 @@ def load_records(root: Path = RESULTS) -> tuple[dict[str, list[dict[str, Any]]],
     :data:`CHANGED_SINCE` says whether its commit has the change (``after_change``)."""
     index: dict[str, list[dict[str, Any]]] = {}
     skipped = 0
-    for path in sorted(root.rglob("runs.jsonl")):
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            rec = json.loads(line)
+    for path in find_jsonl(root):
+        for rec in read_jsonl(path):
             acc = _accuracy(rec)
             if "config" not in rec or acc is None:
                 skipped += 1

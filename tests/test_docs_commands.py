@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import shlex
 import shutil
@@ -28,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from eada.cli import main
+from eada.runs import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -133,7 +135,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in ("configs", "benchmarks", "docs"):
         (work / name).symlink_to(REPO / name)
     (work / "runs" / "bench").mkdir(parents=True)
-    digits = (REPO / "benchmarks/results/bench_digits/runs.jsonl").read_text().splitlines()
+    digits = [
+        json.dumps(r) for r in read_jsonl(REPO / "benchmarks/results/bench_digits/runs.jsonl")
+    ]
     toy = [line.replace("digits/mnist-usps", "toy") for line in digits[:3]]
     (work / "runs/bench/runs.jsonl").write_text("\n".join([*toy, *digits]) + "\n")
     monkeypatch.chdir(work)

@@ -26,6 +26,7 @@ from eada.energy import (
     mvsm,
     normalized_free_energy,
 )
+from eada.runs import find_jsonl, read_jsonl
 
 E3 = torch.tensor([[0.0, 1.0, 3.0], [2.0, -1.0, 0.5]], dtype=torch.float64)
 
@@ -502,8 +503,8 @@ def test_runaway_verdicts_on_the_committed_runs() -> None:
     and is silent on 17; on the 4 held-out runs (seeds 3-4, gamma 0.01 and 0.003) it fires on
     the 2 at gamma 0.01. Each run's stored warning names the Delta path it finds now."""
     fired, silent = [], []
-    for path in sorted(LFEA_RESULTS.rglob("runs.jsonl")):
-        for rec in map(json.loads, path.read_text().splitlines()):
+    for path in find_jsonl(LFEA_RESULTS):
+        for rec in read_jsonl(path):
             ep = [e for e in rec["epochs"] if "loss_align" in e]
             found = None
             for k in range(1, len(ep) + 1):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from eada.hparams import METHOD_LABELS
-from eada.runs import write_json
+from eada.runs import find_jsonl, read_jsonl, write_json
 
 R = Path("benchmarks/results")
 A = R / "alignment"
@@ -50,12 +50,6 @@ VARIANTS = ("paper", "centered", "balanced", "normalized")
 SURF = ["C-A", "C-W", "C-D", "A-C", "A-W", "A-D", "W-C", "W-A", "W-D", "D-C", "D-A", "D-W"]
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _row(rec: dict[str, Any]) -> str | None:
     """The row a bench record belongs to (None: not one of this table's rows)."""
     m, var = rec["method"], rec["variant"]
@@ -73,27 +67,27 @@ def collect() -> dict[str, dict[str, dict[int, float]]]:
     def add(task: str, row: str, seed: int, acc: float) -> None:
         cells.setdefault(task, {}).setdefault(row, {})[seed] = acc
 
-    for rec in _lines(A / "toy" / "runs.jsonl"):
+    for rec in read_jsonl(A / "toy" / "runs.jsonl"):
         if (row := _row(rec)) is not None:
             add("toy", row, rec["seed"], rec["final"]["target/accuracy"])
     committed = [
-        (R / "bench_digits" / "runs.jsonl", sorted(A.glob("digits*/runs.jsonl"))),
+        (R / "bench_digits" / "runs.jsonl", find_jsonl(A, "digits*/runs.jsonl")),
         (R / "bench_office31" / "runs.jsonl", [A / "office31" / "runs.jsonl"]),
     ]
     for old, news in committed:
-        for rec in _lines(old):
+        for rec in read_jsonl(old):
             if rec["variant"]:
                 continue
             row = "eada_paper" if rec["method"] == "eada" else rec["method"]
             add(_task_name(rec["task"]), row, rec["seed"], rec["final"]["target/accuracy"])
-        for rec in (r for new in news for r in _lines(new)):
+        for rec in (r for new in news for r in read_jsonl(new)):
             if (row := _row(rec)) is not None:
                 add(_task_name(rec["task"]), row, rec["seed"], rec["final"]["target/accuracy"])
     surf_old = R / "caltech_surf.json"
     old = json.loads(surf_old.read_text())["tasks"] if surf_old.is_file() else {}
     for pair in SURF:
         task = f"SURF {pair.replace('-', '->')}"
-        for rec in _lines(A / "surf" / pair / "runs.jsonl"):
+        for rec in read_jsonl(A / "surf" / pair / "runs.jsonl"):
             if (row := _row(rec)) is not None:
                 add(task, row, rec["seed"], rec["final"]["target/accuracy"])
         prev = old.get(pair.replace("-", "->"), {})

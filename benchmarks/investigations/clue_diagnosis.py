@@ -43,7 +43,7 @@ from sklearn.cluster import KMeans
 import eada.train.aux  # noqa: F401  (registers CLUE's training component with the trainer)
 from eada.bench import make_config, task_id
 from eada.experiment import run_once
-from eada.runs import environment_info, write_json
+from eada.runs import environment_info, find_jsonl, read_jsonl, write_json
 from eada.strategies.clue import entropy_from_energies, nearest_unique
 
 VARIANTS = {"clue": [], "no_entropy_term": ["active.params.aux_components=[]"]}
@@ -106,14 +106,12 @@ class RoundProbe:
 
 def pre_round(root: Path = Path("benchmarks/results")) -> dict[str, Any]:
     """Per task: accuracy before round 1 of CLUE and of Entropy (same seeds), and the difference."""
-    import json
 
     acc: dict[str, dict[str, dict[int, float]]] = {}
-    for path in sorted(root.rglob("runs.jsonl")):
+    for path in find_jsonl(root):
         if any(k in path.as_posix() for k in ("sweep", "lfea", "waal_critic", "leaderboard")):
             continue
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
+        for rec in read_jsonl(path):
             if "task" not in rec or rec["method"] not in ("clue", "entropy") or rec["variant"]:
                 continue
             name = rec["config"].get("name") or rec["task"]

@@ -15,14 +15,13 @@ Usage (repository root):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 from eada.energy import alignment_drift
-from eada.runs import write_json
+from eada.runs import find_jsonl, read_jsonl, write_json
 
 
 def epochs_of(rec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -57,11 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="benchmarks/results/drift/check.json")
     args = p.parse_args(argv)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for f in sorted(Path(args.root).rglob("runs.jsonl")):
-        for line in f.read_text().splitlines():
-            if not line.strip():
-                continue
-            rec = json.loads(line)
+    for f in find_jsonl(Path(args.root)):
+        for rec in read_jsonl(f):
             cfg = rec.get("config")
             if not cfg or cfg.get("train", {}).get("gamma", 0) == 0:
                 continue

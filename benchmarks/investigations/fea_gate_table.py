@@ -14,14 +14,13 @@ Usage (repository root): ``python benchmarks/investigations/fea_gate_table.py [-
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 from eada.reports.tables import markdown_table
-from eada.runs import write_json
+from eada.runs import read_jsonl, write_json
 
 R = Path("benchmarks/results")
 PAIRS = [f"{s}-{t}" for s in "CAWD" for t in "CAWD" if s != t]
@@ -29,12 +28,6 @@ OFFICE31 = {
     "Office-31 A(sub)->W": "office31_amazon_subset_webcam_lite0_frozen.yaml",
     "Office-31 W->A(sub)": "office31_webcam_amazon_subset_lite0_frozen.yaml",
 }
-
-
-def _runs(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _accs(recs: list[dict[str, Any]], method: str, variant: list[str], task: str = "") -> dict:
@@ -57,26 +50,26 @@ def collect(gate: str) -> dict[str, dict[str, Any]]:
     gated = [f"train.fea_gate={gate}"]
     rows: dict[str, tuple[dict, dict, dict]] = {}
     for p in PAIRS:
-        old = _runs(R / "alignment" / "surf" / p / "runs.jsonl")
-        new = _runs(R / "fea_gate" / "surf" / p / "runs.jsonl")
+        old = read_jsonl(R / "alignment" / "surf" / p / "runs.jsonl")
+        new = read_jsonl(R / "fea_gate" / "surf" / p / "runs.jsonl")
         rows[f"SURF {p}"] = (
             _accs(old, "eada_no_fea", []),
             _accs(old, "eada", ["train.alignment=normalized"]),
             _accs(new, "eada", gated),
         )
     old, new = (
-        _runs(R / "alignment" / "toy" / "runs.jsonl"),
-        _runs(R / "fea_gate" / "toy" / "runs.jsonl"),
+        read_jsonl(R / "alignment" / "toy" / "runs.jsonl"),
+        read_jsonl(R / "fea_gate" / "toy" / "runs.jsonl"),
     )
     rows["toy"] = (
         _accs(old, "eada_no_fea", []),
         _accs(old, "eada", ["train.alignment=normalized"]),
         _accs(new, "eada", ["train.alignment=normalized", *gated]) or _accs(new, "eada", gated),
     )
-    bench = _runs(R / "bench_office31" / "runs.jsonl")
+    bench = read_jsonl(R / "bench_office31" / "runs.jsonl")
     old, new = (
-        _runs(R / "alignment" / "office31" / "runs.jsonl"),
-        _runs(R / "fea_gate" / "office31" / "runs.jsonl"),
+        read_jsonl(R / "alignment" / "office31" / "runs.jsonl"),
+        read_jsonl(R / "fea_gate" / "office31" / "runs.jsonl"),
     )
     for name, cfg in OFFICE31.items():
         rows[name] = (

@@ -42,7 +42,7 @@ from eada.data.features import normalize_features, read_feature_file
 from eada.experiment import run_seeds
 from eada.hparams import METHODS, preset_config
 from eada.reports.tables import markdown_table
-from eada.runs import environment_info, parse_seeds, write_json
+from eada.runs import environment_info, jsonl_exists, parse_seeds, read_jsonl, write_json
 
 CONFIG = "configs/office_caltech10_surf.yaml"
 DOMAINS = {"C": "Caltech10", "A": "amazon", "W": "webcam", "D": "dslr"}
@@ -114,10 +114,16 @@ def last_acc(rec: dict[str, Any]) -> float:
 
 def read_runs(folder: Path) -> list[dict[str, Any]]:
     """The run records of ``folder/runs.jsonl`` (empty when absent)."""
-    f = folder / "runs.jsonl"
-    if not f.is_file():
-        return []
-    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    log = folder / "runs.jsonl"
+    archived = Path(__file__).resolve().parents[1] / "results" / "archived_logs.json"
+    if not jsonl_exists(log) and archived.is_file():
+        rel = log.resolve().relative_to(archived.parents[2]).as_posix()
+        if any(e["path"].startswith(rel) for e in json.loads(archived.read_text())["logs"]):
+            raise SystemExit(
+                f"{rel} is archived in git history: run "
+                f"`python scripts/run_logs.py restore {rel}` first"
+            )
+    return read_jsonl(log)
 
 
 def summarize(out: Path, tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -295,19 +295,80 @@ def append_jsonl(path: Path, obj: Any) -> None:
         os.close(fd)  # releases the lock
 
 
+#: the suffix of a compressed JSON-lines log (xz: the standard library's ``lzma`` reads it)
+COMPRESSED_SUFFIX = ".xz"
+
+
+def compressed_log(path: Path) -> Path:
+    """The compressed twin of a JSON-lines log: ``runs.jsonl`` -> ``runs.jsonl.xz``."""
+    return path.with_name(path.name + COMPRESSED_SUFFIX)
+
+
+def jsonl_exists(path: Path) -> bool:
+    """Whether the log ``path`` exists plain, compressed (``path`` + ``.xz``) or both."""
+    return path.is_file() or compressed_log(path).is_file()
+
+
+def find_jsonl(root: Path, pattern: str = "**/runs.jsonl") -> list[Path]:
+    """The logs under ``root`` matching ``pattern``, plain or compressed, each named by its
+    plain path (``.../runs.jsonl``) once, sorted; :func:`read_jsonl` reads either form.
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> for name in ("a/runs.jsonl.xz", "b/runs.jsonl", "b/runs.jsonl.xz"):
+        ...     (root / name).parent.mkdir(exist_ok=True)
+        ...     (root / name).touch()
+        >>> [str(p.relative_to(root)) for p in find_jsonl(root)]
+        ['a/runs.jsonl', 'b/runs.jsonl']
+    """
+    root = Path(root)
+    found = set(root.glob(pattern))
+    found |= {p.with_name(p.name[: -len(COMPRESSED_SUFFIX)]) for p in root.glob(pattern + ".xz")}
+    return sorted(found)
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """All records of a JSON-lines file; a torn last line (a killed writer) is ignored."""
-    if not path.exists():
-        return []
+    """All records of a JSON-lines log; a torn last line (a killed writer) is ignored.
+
+    A log may be stored compressed: ``runs.jsonl.xz`` (the committed results under
+    ``benchmarks/results/`` are, to keep the repository light) is read first, then any plain
+    ``runs.jsonl`` beside it (runs appended since, e.g. a resumed grid), so both forms read as
+    one log.
+
+    Example:
+        >>> import lzma, tempfile
+        >>> log = Path(tempfile.mkdtemp()) / "runs.jsonl"
+        >>> _ = compressed_log(log).write_bytes(lzma.compress(b'{"seed": 0}\\n'))
+        >>> _ = log.write_text('{"seed": 1}\\n')
+        >>> [r["seed"] for r in read_jsonl(log)]
+        [0, 1]
+    """
+    path = Path(path)
+    packed = compressed_log(path)
+    out: list[dict[str, Any]] = []
+    if packed.is_file():
+        import lzma
+
+        try:
+            text = lzma.decompress(packed.read_bytes()).decode()
+        except lzma.LZMAError as err:
+            raise ValueError(f"{packed}: not a readable xz file ({err})") from None
+        out += _parse_jsonl(packed, text.splitlines(), torn_ok=False)
+    if path.exists():
+        out += _parse_jsonl(path, path.read_text().splitlines(), torn_ok=True)
+    return out
+
+
+def _parse_jsonl(path: Path, lines: list[str], torn_ok: bool) -> list[dict[str, Any]]:
     out = []
-    lines = path.read_text().splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
-            if i == len(lines) - 1:
+            if torn_ok and i == len(lines) - 1:
                 break
             raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
     return out

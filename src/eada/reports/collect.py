@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from eada.runs import read_jsonl, summarize
+from eada.runs import find_jsonl, jsonl_exists, read_jsonl, summarize
 
 
 @dataclass
@@ -152,7 +152,7 @@ def load_report_input(path: Path) -> ReportInput:
     if not path.is_dir():
         raise FileNotFoundError(f"report input {path} is not a folder")
     log = path / "runs.jsonl"
-    if log.exists():
+    if jsonl_exists(log):
         records = read_jsonl(log)
         if not records:
             raise ValueError(f"{log} holds no finished run")
@@ -191,7 +191,7 @@ def load_report_input(path: Path) -> ReportInput:
         m = _method_of(cfg)
         group = RunGroup(str(cfg.get("name", path.name)), m, _label(m), runs, path)
         return ReportInput(path, "run", [group], extra)
-    logs = sorted(path.glob("*/runs.jsonl")) + sorted(path.glob("*/*/runs.jsonl"))
+    logs = find_jsonl(path, "*/runs.jsonl") + find_jsonl(path, "*/*/runs.jsonl")
     groups = []
     for lg in logs:
         records = read_jsonl(lg)
