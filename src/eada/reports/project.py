@@ -209,7 +209,15 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
     parts.append("<h2>Labels over time</h2>")
     imports = list(project.store.conn.execute("SELECT * FROM imports ORDER BY id"))
     rows = [
-        [i["id"], i["created"], Path(i["file"]).name, i["format"], *counts_of(i)] for i in imports
+        [
+            i["id"],
+            i["created"],
+            # a pull names its Label Studio project (a file, its name)
+            i["file"] if i["format"] == "label-studio-live" else Path(i["file"]).name,
+            i["format"],
+            *counts_of(i),
+        ]
+        for i in imports
     ]
     times, counts, total = [], [], 0
     for i in imports:
@@ -227,9 +235,49 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
         )
         head = ["import", "time (UTC)", "file", "format", "new", "corrections", "skipped"]
         parts.append(_table([*head, "unchanged"], rows))
-        who = [[k, v["labeled"], v["skipped"]] for k, v in st["annotators"].items()]
-        parts.append("<h3>Who labeled what (answers in force)</h3>")
-        parts.append(_table(["annotator", "labeled", "skipped"], who))
+        parts.append("<h3>Who answered what</h3>")
+        by_who = st["answers_by_annotator"]
+        names = sorted(set(by_who) | set(st["annotators"]))
+        zero = {"answers": 0, "labeled": 0, "skipped": 0, "match_in_force": 0}
+        who = [
+            [
+                k,
+                by_who.get(k, zero)["answers"],
+                by_who.get(k, zero)["labeled"],
+                by_who.get(k, zero)["skipped"],
+                by_who.get(k, zero)["match_in_force"],
+                st["annotators"].get(k, {}).get("labeled", 0),
+                st["annotators"].get(k, {}).get("skipped", 0),
+            ]
+            for k in names
+        ]
+        parts.append(
+            _table(
+                [
+                    "annotator",
+                    "answers",
+                    "labels",
+                    "skips",
+                    "as in force",
+                    "labels in force credited",
+                    "skips in force credited",
+                ],
+                who,
+            )
+        )
+        parts.append(
+            '<p class="note">answers: every sample the annotator answered (their newest '
+            "answer each), agreeing ones included; as in force: how many of them equal the "
+            "answer in force; credited: the answers in force recorded under their name (where "
+            "several agree, the newest). Every answer, older ones too, is in "
+            "<code>votes.csv</code> of <code>eada export</code>.</p>"
+        )
+        if st["awaiting"]:
+            parts.append(
+                f"<p>{len(st['awaiting'])} sample(s) await more answers "
+                f"(<code>store.answers_needed: {st['answers_needed']}</code>): pending, out "
+                "of training, until enough annotators agree.</p>"
+            )
         parts.append("<h3>Disagreements between annotators</h3>")
         pol = st["conflicts"]
         parts.append(

@@ -237,3 +237,160 @@ def pairwise_agreement(conn: sqlite3.Connection) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def awaiting_counts(conn: sqlite3.Connection) -> dict[int, int]:
+    """``{sample id: annotators who answered it}`` of the samples that hold answers but no
+    answer in force and no open dispute: under ``store.answers_needed`` N > 1, those still
+    awaiting more answers (:func:`awaiting_answers`)."""
+    return {
+        int(r[0]): int(r[1])
+        for r in conn.execute(
+            "SELECT v.sample_id, COUNT(DISTINCT v.annotator) FROM votes v WHERE NOT EXISTS "
+            "(SELECT 1 FROM labels l WHERE l.sample_id = v.sample_id) AND NOT EXISTS (SELECT 1 "
+            "FROM disputes d WHERE d.sample_id = v.sample_id AND d.resolved IS NULL) "
+            "GROUP BY v.sample_id ORDER BY v.sample_id"
+        )
+    }
+
+
+def awaiting_answers(conn: sqlite3.Connection, needed: int) -> list[dict[str, Any]]:
+    """The samples awaiting more answers (``store.answers_needed`` = ``needed``): ``[{
+    "sample_id", "path", "external_id", "answers": {annotator: class name or "(skip)"},
+    "origins": {annotator: where}, "more": answers still needed}]`` by sample id."""
+    counts = awaiting_counts(conn)
+    if not counts:
+        return []
+    names = {int(r[0]): str(r[1]) for r in conn.execute("SELECT id, name FROM classes")}
+    votes = latest_votes(conn, list(counts))
+    out = []
+    for sid, n in counts.items():
+        s = conn.execute("SELECT path FROM samples WHERE id = ?", (sid,)).fetchone()
+        out.append(
+            {
+                "sample_id": sid,
+                "path": None if s is None else s["path"],
+                "external_id": _external_id(conn, sid),
+                "answers": {v.annotator: _name(v, names) for v in votes.get(sid, [])},
+                "origins": {v.annotator: v.origin for v in votes.get(sid, [])},
+                "more": max(needed - n, 0),
+            }
+        )
+    return out
+
+
+def awaiting_text(awaiting: list[dict[str, Any]], needed: int) -> str:
+    """``6 awaiting 1 more answer (store.answers_needed=2)``, or ``""`` when none waits.
+
+    >>> awaiting_text([{"more": 1}, {"more": 2}], 3)
+    '2 awaiting more answers (1 more: 1, 2 more: 1; store.answers_needed=3)'
+    """
+    if not awaiting:
+        return ""
+    by_more = Counter(int(a["more"]) for a in awaiting)
+    if len(by_more) == 1:
+        (more,) = by_more
+        what = f"{more} more answer{'s' if more != 1 else ''}"
+        return f"{len(awaiting)} awaiting {what} (store.answers_needed={needed})"
+    parts = ", ".join(f"{m} more: {n}" for m, n in sorted(by_more.items()))
+    return f"{len(awaiting)} awaiting more answers ({parts}; store.answers_needed={needed})"
+
+
+def answers_by_annotator(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
+    """Every annotator's answers, agreeing ones included (one a sample: their newest):
+    ``{annotator: {"answers", "labeled", "skipped", "match_in_force": answers equal to the
+    answer in force, "in_force": answers in force credited to them}}``, by name."""
+    force = {
+        int(r["sample_id"]): (r["class_id"], r["annotator"])
+        for r in conn.execute(
+            "SELECT l.sample_id, l.class_id, l.annotator FROM labels l WHERE NOT EXISTS "
+            "(SELECT 1 FROM labels n WHERE n.supersedes = l.id)"
+        )
+    }
+    out: dict[str, dict[str, int]] = {}
+    zero = {"answers": 0, "labeled": 0, "skipped": 0, "match_in_force": 0, "in_force": 0}
+    for sid, votes in latest_votes(conn).items():
+        for v in votes:
+            c = out.setdefault(v.annotator, dict(zero))
+            c["answers"] += 1
+            c["labeled" if v.class_id is not None else "skipped"] += 1
+            if sid in force and force[sid][0] == v.class_id:
+                c["match_in_force"] += 1
+    for _, who in force.values():
+        out.setdefault(who, dict(zero))["in_force"] += 1
+    return dict(sorted(out.items()))
+
+
+VOTE_COLUMNS = [
+    "vote_id",
+    "sample_id",
+    "external_id",
+    "path",
+    "annotator",
+    "label",
+    "skip",
+    "time",
+    "source",
+    "origin",
+    "newest",
+]
+
+
+def vote_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Every answer ever given, one row each in the order given (:data:`VOTE_COLUMNS`):
+    ``source`` says where it came from (``file NAME``, ``Label Studio URL``, ``records``,
+    ``label history`` for answers carried over from a store before votes were kept),
+    ``origin`` the row or task (``row 3``, ``Label Studio task 17 (sample 4)``), ``newest``
+    whether it is that annotator's newest answer for the sample (the one agreement reads)."""
+    newest = {
+        int(r[0])
+        for r in conn.execute(
+            "SELECT MAX(id) FROM votes GROUP BY sample_id, annotator",
+        )
+    }
+    try:
+        got = conn.execute("SELECT sample_id, external_id FROM sample_info")
+        ext = {int(r[0]): r[1] for r in got}
+    except sqlite3.Error:  # a store without the table: no external ids
+        ext = {}
+    rows = []
+    for r in conn.execute(
+        "SELECT v.id, v.sample_id, s.path, v.annotator, c.name AS label, v.skip_reason, "
+        "v.created, v.origin, i.file, i.format FROM votes v JOIN samples s ON s.id = "
+        "v.sample_id LEFT JOIN classes c ON c.id = v.class_id LEFT JOIN imports i ON i.id = "
+        "v.import_id ORDER BY v.id"
+    ):
+        rows.append(
+            {
+                "vote_id": r["id"],
+                "sample_id": r["sample_id"],
+                "external_id": ext.get(int(r["sample_id"])),
+                "path": r["path"],
+                "annotator": r["annotator"],
+                "label": r["label"],
+                "skip": r["skip_reason"],
+                "time": r["created"],
+                "source": import_source(r["file"], r["format"], r["origin"]),
+                "origin": r["origin"],
+                "newest": int(r["id"] in newest),
+            }
+        )
+    return rows
+
+
+def import_source(file: str | None, fmt: str | None, origin: str | None = None) -> str:
+    """Where an import came from, as a person reads it: ``Label Studio URL`` for a pull,
+    ``file NAME`` for a label file, ``records``, ``simulated oracle``, ``policy change``.
+
+    >>> import_source("http://127.0.0.1:8080/projects/3", "label-studio-live")
+    'Label Studio http://127.0.0.1:8080/projects/3'
+    >>> import_source("/data/round-001.csv", "csv")
+    'file /data/round-001.csv'
+    """
+    if file is None:
+        return origin or ""
+    if fmt == "label-studio-live":
+        return f"Label Studio {file}"
+    if fmt in ("records", "simulated", "policy") or file.startswith("("):
+        return file.strip("()")
+    return f"file {file}"

@@ -54,9 +54,23 @@ def next_command(action: str, store: str, proj: Any = None) -> str:
     ``query``, ``train``, ``done``) of the project at ``store``."""
     s = quote(store)
     if action == "label":
+        from eada.store import labelstudio
+        from eada.store.agreement import awaiting_answers, awaiting_text
+
+        waiting = ""
+        if proj is not None:
+            needed = proj.options.answers_needed
+            waiting = awaiting_text(awaiting_answers(proj.store.conn, needed), needed)
+        waiting = f"; {waiting}" if waiting else ""
+        ls = labelstudio.connection(proj) if proj is not None else None
+        if ls is not None:
+            return (
+                f"eada labelstudio pull --store {s}   (once the round is labeled in Label Studio, "
+                f"{ls['url']}/projects/{ls['project']}{waiting})"
+            )
         rounds = proj.store.active_rounds() if proj is not None else []
         f = quote(f"{store}/exports/round-{rounds[-1]['number']:03d}.csv") if rounds else "FILE"
-        return f"eada label import {f} --store {s}   (once its label column is filled)"
+        return f"eada label import {f} --store {s}   (once its label column is filled{waiting})"
     if action == "done":
         return (
             f"eada export --store {s} --out {quote(store + '/final')}   (the schedule is complete)"
@@ -223,7 +237,7 @@ def _cmd_label_import(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = proj.import_labels(args.file, args.annotator, args.allow_unqueried, args.force)
     _say(f"imported {args.file} ({out['format']}): {import_summary(out)}")
-    print_disputes(out["disputes"], args.store)
+    print_disputes(out["disputes"], args.store, proj=proj)
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 
@@ -233,9 +247,11 @@ def _say(text: str) -> None:
     console.print(text, soft_wrap=True, highlight=False, markup=False)
 
 
-def print_disputes(disputes: list[dict[str, Any]], store: str, head: str = "disputed") -> None:
+def print_disputes(
+    disputes: list[dict[str, Any]], store: str, head: str = "disputed", proj: Any = None
+) -> None:
     """Each open dispute on one line (sample, file, every annotator's answer and where it
-    came from) and how a policy settles them."""
+    came from) and what settles them under the project's ``store.conflicts`` policy."""
     from eada.store.agreement import dispute_line
 
     if not disputes:
@@ -243,13 +259,42 @@ def print_disputes(disputes: list[dict[str, Any]], store: str, head: str = "disp
     _say(
         f"{len(disputes)} {head} sample(s): the annotators disagree; they stay unanswered "
         "(or keep the label in force) until they agree, a reviewer answers, or a policy "
-        f"settles them: eada config set --store {quote(store)} store.conflicts=majority "
-        "(or newest-wins, or reviewer with store.reviewer=NAME)"
+        f"settles them: {settle_hint(store, None if proj is None else proj.options)}"
     )
     for d in disputes[:MAX_LISTED]:
         _say(f"  {dispute_line(d)}")
     if len(disputes) > MAX_LISTED:
         _say(f"  ... and {len(disputes) - MAX_LISTED} more (eada status --json lists them all)")
+
+
+def settle_hint(store: str, options: Any = None) -> str:
+    """What settles the open disputes under the policy in force (``options``: the project's
+    :class:`~eada.store.config.StoreOptions`); never the policy already set."""
+    s = quote(store)
+    policy = "refuse" if options is None else options.conflicts
+    if policy == "majority" and options.conflict_tie == "reviewer":
+        return (
+            f"under store.conflicts=majority each is a tie, which the tie rule "
+            f"(store.conflict_tie=reviewer) leaves to the reviewer {options.reviewer}: they await "
+            f"{options.reviewer}'s answer (or another annotator's, which breaks the tie)"
+        )
+    if policy == "majority":
+        return (
+            "under store.conflicts=majority each is a tie (as many answers for each side, "
+            "e.g. 1-1 with two annotators), which majority cannot settle: another annotator's "
+            "answer breaks it, or set the tie rule: eada config set --store "
+            f"{s} store.conflict_tie=newest-wins (or store.conflict_tie=reviewer "
+            "store.reviewer=NAME), or store.conflicts=reviewer store.reviewer=NAME"
+        )
+    if policy == "reviewer":
+        return (
+            f"under store.conflicts=reviewer they await the reviewer {options.reviewer}'s "
+            f"answer (or name another: eada config set --store {s} store.reviewer=NAME)"
+        )
+    return (
+        f"eada config set --store {s} store.conflicts=reviewer store.reviewer=NAME (or "
+        "majority, with three or more annotators, or newest-wins)"
+    )
 
 
 def import_summary(out: dict[str, Any]) -> str:
@@ -266,6 +311,10 @@ def import_summary(out: dict[str, Any]) -> str:
         text += f", {out['settled']} disagreement(s) settled"
     if out.get("disputes"):
         text += f", {len(out['disputes'])} disputed"
+    if out.get("awaiting"):
+        from eada.store.agreement import awaiting_text
+
+        text += f", {awaiting_text(out['awaiting'], out['answers_needed'])}"
     n = out["pending"]
     verb = "sample awaits" if n == 1 else "samples await"
     return text + f"; {n} queried {verb} an answer"
@@ -308,7 +357,11 @@ def _cmd_ls_connect(args: argparse.Namespace) -> int:
         f"connected {args.store} to Label Studio project {out['project']} at {out['url']} "
         f"(local-files storage {storages or out['storage']}, document root "
         f"{out['document_root']}"
-        + (f", {out['overlap']} annotators a task" if out.get("overlap") else "")
+        + (
+            f", {out['overlap']} annotators a task: store.answers_needed={out['answers_needed']}"
+            if out.get("overlap")
+            else ""
+        )
         + f"); rounds pushed: {out['pushed'] or 'none yet'}"
     )
     if out["document_root"]:
@@ -331,9 +384,11 @@ def _cmd_ls_push(args: argparse.Namespace) -> int:
 def _cmd_ls_pull(args: argparse.Namespace) -> int:
     from eada.store import labelstudio
 
-    out = labelstudio.pull(_project(args), force=args.force)
+    proj = _project(args)
+    out = labelstudio.pull(proj, force=args.force)
     _say(f"pulled {out['file']}: {import_summary(out)}")
-    print_disputes(out["disputes"], args.store)
+    print_disputes(out["disputes"], args.store, proj=proj)
+    _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 
 
@@ -390,8 +445,25 @@ def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
                 for who, c in st["annotators"].items()
             )
         )
+    if st.get("answers_by_annotator"):
+        _say(
+            "answers by annotator (each sample once, agreeing answers included): "
+            + "; ".join(
+                f"{who}: {c['answers']} ({c['labeled']} labels, {c['skipped']} skips; "
+                f"{c['match_in_force']} as in force)"
+                for who, c in st["answers_by_annotator"].items()
+            )
+        )
+    if st.get("awaiting"):
+        from eada.store.agreement import awaiting_text
+
+        _say(
+            f"answers needed per sample: {st['answers_needed']}; "
+            + awaiting_text(st["awaiting"], st["answers_needed"])
+            + " (pending until then; `eada train --partial` trains on what is settled)"
+        )
     if st.get("disputes"):
-        print_disputes(st["disputes"], store)
+        print_disputes(st["disputes"], store, proj=proj)
     for a in st.get("agreement") or []:
         kappa = "undefined" if a["kappa"] is None else f"{a['kappa']:.3f}"
         _say(
@@ -487,7 +559,10 @@ def _cmd_config_set(args: argparse.Namespace) -> int:
     got = out["settled"]
     if got.get("settled"):
         _say(f"{got['settled']} dispute(s) settled by the new policy")
-    print_disputes(proj.status()["disputes"], args.store, head="still disputed")
+    now_in_force = got.get("new", 0) + got.get("skipped", 0) + got.get("unskipped", 0)
+    if "answers_needed" in updates and now_in_force:
+        _say(f"{now_in_force} sample(s) awaiting answers now have enough: their answer is in force")
+    print_disputes(proj.status()["disputes"], args.store, head="still disputed", proj=proj)
     return 0
 
 
@@ -497,7 +572,7 @@ def add_config_set(csub: Any) -> None:
         "set",
         help="change the store: section of a project after init (store.conflicts, "
         "store.conflict_tie, store.reviewer, store.label_studio_root, "
-        "store.near_duplicate_threshold)",
+        "store.near_duplicate_threshold, store.answers_needed)",
     )
     p.add_argument("pairs", nargs="+", metavar="store.KEY=VALUE")
     p.add_argument("--store", default=None, help="project folder (as for the other commands)")
@@ -634,8 +709,9 @@ def add_store_commands(sub: Any) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="ask N annotators for every task (Label Studio's overlap); their disagreements "
-        "become disputes, settled by store.conflicts",
+        help="ask N annotators for every task (Label Studio's overlap) and set "
+        "store.answers_needed=N: a sample counts once N answers agree; disagreements become "
+        "disputes, settled by store.conflicts",
     )
     p.set_defaults(func=_cmd_ls_connect)
     p = lssub.add_parser("push", help="send the rounds Label Studio has not received yet")

@@ -108,6 +108,11 @@ class StoreOptions(BaseModel):
         reviewer: the annotator whose answer settles a dispute under ``conflicts: reviewer``
             (or a ``majority`` tie under ``conflict_tie: reviewer``), as imports name them
             (``--annotator NAME``, ``label-studio:EMAIL``).
+        answers_needed: how many annotators must answer a sample before its answer counts
+            (1-100; default 1). Until that many agree (or ``conflicts`` settles their
+            disagreement), the sample is *awaiting* more answers: it stays pending, out of
+            training. ``eada labelstudio connect --overlap N`` sets it to N. Labels already
+            in force when it is raised stay in force.
         near_duplicate_threshold: two samples of one round whose features have a cosine
             similarity at or above this are flagged as near-duplicates in the export and the
             report (never removed). Default (``None``): by what the features are, from
@@ -131,6 +136,7 @@ class StoreOptions(BaseModel):
     conflicts: Literal["refuse", "newest-wins", "majority", "reviewer"] = "refuse"
     conflict_tie: Literal["dispute", "newest-wins", "reviewer"] = "dispute"
     reviewer: str | None = None
+    answers_needed: int = Field(1, ge=1, le=100)
     near_duplicate_threshold: float | None = Field(None, gt=0.0, le=1.0)
 
     @model_validator(mode="after")
@@ -143,6 +149,13 @@ class StoreOptions(BaseModel):
         if self.reviewer is not None:
             check_annotator(self.reviewer, "store.reviewer")
         return self
+
+    @field_validator("answers_needed", mode="before")
+    @classmethod
+    def _count(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML's yes/true would pass as 1
+            raise ValueError(f"expected a whole number of answers from 1 to 100, got {v!r}")
+        return v
 
     @field_validator("label_studio_root")
     @classmethod

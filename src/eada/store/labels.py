@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from eada.store.agreement import Vote, decide, latest_votes, open_disputes
+from eada.store.agreement import (
+    Vote,
+    awaiting_answers,
+    awaiting_counts,
+    decide,
+    latest_votes,
+    open_disputes,
+)
 from eada.store.checkpoints import ProjectCheckpoints, crash_point, file_sha256
 from eada.store.config import FolderData, check_annotator
 from eada.store.data import confine, content_hash, decode_image
@@ -204,7 +211,13 @@ class ProjectLabels(ProjectCheckpoints):
         the label in force; a sample nobody wins is disputed (listed in the result's
         ``disputes``) and keeps what it had (an answer that contradicts another annotator's
         label in force opens a dispute; the rest of the import is written). ``force``: the
-        newest answer wins (this import's)."""
+        newest answer wins (this import's).
+
+        Under ``store.answers_needed`` N > 1, a sample without an answer in force counts as
+        answered only once N annotators have answered it (agreeing, or settled by the
+        policy); until then it is *awaiting* (the result's ``awaiting``: how many more
+        answers each needs) and stays pending. ``force`` and the simulated oracle do not
+        wait."""
         check_annotator(annotator)
         problems: list[str] = []
         conn = self.store.conn
@@ -298,6 +311,7 @@ class ProjectLabels(ProjectCheckpoints):
         stamp = now()
         opts = self.options
         policy = "newest-wins" if force else opts.conflicts
+        needed = 1 if force or source == "simulated" else opts.answers_needed
         # Everything that another writer can change (rounds, the labels in force, the votes,
         # the mode) is read inside the transaction that writes: a concurrent import waits for
         # this one and sees its labels, so two labels are never in force for one sample.
@@ -306,7 +320,8 @@ class ProjectLabels(ProjectCheckpoints):
                 int(r[0])
                 for r in c.execute("SELECT sample_id FROM disputes WHERE resolved IS NULL")
             }
-            touched = sorted(set(chosen) | open_ids)
+            waiting = awaiting_counts(c)  # answered by too few so far (answers_needed)
+            touched = sorted(set(chosen) | open_ids | set(waiting))
             round_of: dict[int, int] = {}
             if touched:
                 q = ",".join("?" * len(touched))
@@ -330,7 +345,7 @@ class ProjectLabels(ProjectCheckpoints):
             new_votes: list[tuple[int, str, LabelItem, int | None]] = []
             opened: list[int] = []
             settled: dict[int, str] = {}
-            n_skip = n_unskip = n_forced = 0
+            n_skip = n_unskip = n_forced = n_policy = 0
             for sid in touched:
                 votes = {v.annotator: v for v in prior.get(sid, [])}
                 old = current.get(sid)
@@ -348,8 +363,10 @@ class ProjectLabels(ProjectCheckpoints):
                     # what stands (no dispute) stays unless an answer of this import differs
                     asked = {(k, it.skip) for it, k in incoming.values()}
                     standing = None if old is None else (old["class_id"], old["skip_reason"])
-                    if asked == {standing} or (old is None and len(asked) == 1):
+                    if asked == {standing} or (old is None and len(asked) == 1 and needed == 1):
                         votes = {w: v for w, v in votes.items() if w in incoming}
+                    if old is None and len(votes) < needed:
+                        continue  # awaiting more answers: no label, no dispute yet
                 winner, how_ = decide(
                     list(votes.values()), policy, opts.conflict_tie, opts.reviewer
                 )
@@ -357,8 +374,8 @@ class ProjectLabels(ProjectCheckpoints):
                     if sid not in open_ids:
                         opened.append(sid)
                     continue
-                if sid in open_ids or how_ != "agreed":
-                    settled[sid] = how_
+                if sid in open_ids:
+                    settled[sid] = how_  # an open dispute closes
                 if old is not None and (old["class_id"], old["skip_reason"]) == (
                     winner.class_id,
                     winner.skip,
@@ -366,6 +383,8 @@ class ProjectLabels(ProjectCheckpoints):
                     if sid in chosen:
                         n_same += 1
                     continue
+                if how_ != "agreed" and sid not in open_ids:
+                    n_policy += 1  # a new disagreement the policy settled at once
                 it_w = incoming.get(winner.annotator, (None, None))[0]
                 if (
                     old is not None
@@ -433,6 +452,7 @@ class ProjectLabels(ProjectCheckpoints):
             )
             crash_point("import:before_commit")
             disputes = [d for d in open_disputes(c) if d["sample_id"] in chosen]
+            awaiting = awaiting_answers(c, opts.answers_needed)
         return {
             "file": source_name,
             "format": fmt,
@@ -443,7 +463,10 @@ class ProjectLabels(ProjectCheckpoints):
             "unchanged": n_same,
             "replaced_other_annotators": n_forced,
             "disputes": disputes,
-            "settled": sum(1 for sid in settled if sid in open_ids or sid in chosen),
+            "settled": len(settled) + n_policy,  # only what this write changed
+            "awaiting": [a for a in awaiting if a["sample_id"] in chosen],
+            "awaiting_total": len(awaiting),
+            "answers_needed": opts.answers_needed,
             "pending": len(self.pending()),
         }
 

@@ -339,11 +339,13 @@ def connect(
     may change after init: source and target in two places need one that holds the target's
     folders). One Local Files storage is added for each data root holding target images.
     ``overlap``: how many annotators Label Studio asks for each task (``maximum_annotations``,
-    every task in the overlap cohort); their disagreements become disputes on ``pull``.
+    every task in the overlap cohort), also set as ``store.answers_needed``: a sample counts
+    as labeled once that many answers agree (or ``store.conflicts`` settles them); their
+    disagreements become disputes on ``pull``.
 
     Returns:
         ``{"url", "project", "storage", "storages", "document_root", "overlap", "pushed":
-        [round numbers pushed]}``.
+        [round numbers pushed], "answers_needed"}``.
 
     Raises:
         LabelStudioError: Label Studio unreachable, the token refused, a given project whose
@@ -362,7 +364,7 @@ def connect(
         client.request("GET", f"/api/projects/{old['project']}/")  # still there, token valid
         pushed = [push_round(project, n, client) for n in _unpushed(project)]
         sync_model_version(project, client)
-        return {**old, "pushed": pushed}
+        return {**old, "pushed": pushed, "answers_needed": project.options.answers_needed}
     images = any(r["path"] for r in project.store.samples("target"))
     doc_root = _document_root(project) if images else None  # feature rows: no files served
     folders = _storage_folders(project, doc_root) if doc_root is not None else []
@@ -422,8 +424,10 @@ def connect(
     }
     with project.store.transaction():
         project.store.set_meta(META_KEY, json.dumps(conn))
+    if overlap is not None and overlap != project.options.answers_needed:
+        project.set_options({"answers_needed": overlap})  # a sample counts once N agree
     pushed = [push_round(project, n, client) for n in _unpushed(project)]
-    return {**conn, "pushed": pushed}
+    return {**conn, "pushed": pushed, "answers_needed": project.options.answers_needed}
 
 
 def _unpushed(project: Any) -> list[int]:

@@ -37,7 +37,15 @@ import torch
 from eada.config import ExperimentConfig, FeatureData
 from eada.data.features import domain_statistics
 from eada.store import labelstudio
-from eada.store.agreement import open_disputes, pairwise_agreement
+from eada.store.agreement import (
+    VOTE_COLUMNS,
+    answers_by_annotator,
+    awaiting_answers,
+    awaiting_text,
+    open_disputes,
+    pairwise_agreement,
+    vote_rows,
+)
 from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import StoreOptions, absolute_config, resolved_config
@@ -205,13 +213,21 @@ class Project(ProjectRounds):
                     if n_disputed
                     else ""
                 )
+                waiting = awaiting_answers(self.store.conn, self.options.answers_needed)
+                more = awaiting_text(waiting, self.options.answers_needed)
+                answer = (
+                    "label them in Label Studio, then pull with "
+                    f"{how('eada labelstudio pull', 'eada.store.labelstudio.pull(project)')}"
+                    if labelstudio.connection(self) is not None
+                    else "import labels or skips with "
+                    f"{how('eada label import FILE', 'project.import_labels(FILE)')} (a `skip` "
+                    "column marks a sample unusable)"
+                )
                 raise StoreError(
                     f"round {rounds[-1]['number']} awaits an answer for {c['pending']} of its "
                     f"{c['selected']} samples ({c['labeled']} labeled, {c['skipped']} skipped"
-                    f"{disputed}): "
-                    "import labels or skips with "
-                    f"{how('eada label import FILE', 'project.import_labels(FILE)')} (a `skip` "
-                    "column marks a sample unusable), or train with the labels so far: "
+                    f"{'; ' + more if more else ''}{disputed}): {answer}, "
+                    "or train with the labels so far: "
                     f"{how('eada train --partial', 'project.train(partial=True)')} (or "
                     f"{how('eada train --epochs N', 'project.train(epochs=N)')})"
                 )
@@ -413,6 +429,9 @@ class Project(ProjectRounds):
             "history": history,
             "accuracy": accuracy_summary(self, history),
             "disputes": open_disputes(conn),
+            "answers_needed": self.options.answers_needed,
+            "awaiting": awaiting_answers(conn, self.options.answers_needed),
+            "answers_by_annotator": answers_by_annotator(conn),
             "agreement": pairwise_agreement(conn),
             "conflicts": {
                 "policy": self.options.conflicts,
@@ -440,13 +459,15 @@ class Project(ProjectRounds):
         "reviewer",
         "label_studio_root",
         "near_duplicate_threshold",
+        "answers_needed",
     )
 
     def set_options(self, updates: dict[str, Any]) -> dict[str, Any]:
         """Change keys of the project's ``store:`` section after ``eada init`` (``eada config
         set``): ``conflicts``, ``conflict_tie``, ``reviewer``, ``label_studio_root`` (every
-        target image must lie under it), ``near_duplicate_threshold``. Validated as at init;
-        a new conflicts policy settles the open disputes it can at once. Returns the new
+        target image must lie under it), ``near_duplicate_threshold``, ``answers_needed``.
+        Validated as at init; a new conflicts policy (or fewer answers needed) settles the
+        open disputes (and the samples awaiting answers) it can at once. Returns the new
         section and the import result of that settling.
 
         Raises:
@@ -458,9 +479,13 @@ class Project(ProjectRounds):
         self.store.check_writable()
         bad = sorted(set(updates) - set(self.SETTABLE))
         if bad:
+            settable = ", ".join(f"store.{k}" for k in self.SETTABLE)
+            if bad[0] in StoreOptions.model_fields:
+                raise ConfigError(
+                    f"store.{bad[0]} cannot change after `eada init`; settable: {settable}"
+                )
             raise ConfigError(
-                f"store.{bad[0]} cannot change after `eada init`; settable: "
-                + ", ".join(f"store.{k}" for k in self.SETTABLE)
+                f"store.{bad[0]} is not a store setting (unknown key); settable: {settable}"
             )
         raw = self.store.get_json("config") or {}
         section = {**(raw.get("store") or {}), **updates}
@@ -493,9 +518,10 @@ class Project(ProjectRounds):
     def export(self, out: str | Path, force: bool = False) -> dict[str, str]:
         """Write ``labels.csv`` (labels in force), ``labels_history.csv`` (every row,
         corrections and skips included: ``skip`` holds the reason), ``disputes.csv`` (each
-        annotator's answer of every open dispute), ``model.pt`` (the last
-        checkpoint's model weights, a plain ``state_dict``), ``model.json`` (config,
-        classes, SHA-256 of ``model.pt``) and ``predictions.csv``.
+        annotator's answer of every open dispute), ``votes.csv`` (every answer of every
+        annotator, agreeing ones too: :func:`~eada.store.agreement.vote_rows`),
+        ``model.pt`` (the last checkpoint's model weights, a plain ``state_dict``),
+        ``model.json`` (config, classes, SHA-256 of ``model.pt``) and ``predictions.csv``.
 
         Everything is read in ONE read transaction (:meth:`Store.snapshot`), so the files
         agree with each other whatever commits meanwhile, then written into a staging folder
@@ -563,6 +589,12 @@ class Project(ProjectRounds):
                         ]
                     )
             files["disputes.csv"] = buf.getvalue().encode("utf-8")
+            buf = io.StringIO(newline="")  # every answer of every annotator, agreeing ones too
+            vw = csv.DictWriter(buf, fieldnames=VOTE_COLUMNS, lineterminator="\n")
+            vw.writeheader()
+            for v in vote_rows(conn):
+                vw.writerow({k: "" if x is None else csv_safe(x) for k, x in v.items()})
+            files["votes.csv"] = buf.getvalue().encode("utf-8")
             ck = self.store.latest_checkpoint()
             state = self.load_checkpoint(ck) if ck is not None else None  # refused: nothing written
             if ck is not None and state is not None:

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from eada.store import labelstudio
-from eada.store.agreement import open_disputes
+from eada.store.agreement import awaiting_counts, open_disputes
 from eada.store.checkpoints import crash_point
 from eada.store.db import AUDIT, StoreError, how, now, q
 from eada.store.labelfiles import (
@@ -159,20 +159,24 @@ class ProjectRounds(ProjectLabels):
 
     def round_counts(self, round_id: int) -> dict[str, int]:
         """A round's ``selected`` samples and how many are ``labeled``, ``skipped`` (marked
-        unusable) and ``pending`` (no answer yet)."""
-        n_sel = n_lab = n_skip = 0
+        unusable) and ``pending`` (no answer in force yet), of those ``awaiting`` (answered,
+        but by fewer annotators than ``store.answers_needed``)."""
+        n_sel = n_lab = n_skip = n_wait = 0
         answers = {a["sample_id"]: a for a in self.store.answers()}
+        waiting = awaiting_counts(self.store.conn)
         for s in self.store.selected(round_id):
             n_sel += 1
             ans = answers.get(s["sample_id"])
             if ans is not None:
                 n_lab += ans["class_id"] is not None
                 n_skip += ans["class_id"] is None
+            n_wait += s["sample_id"] in waiting
         return {
             "selected": n_sel,
             "labeled": n_lab,
             "skipped": n_skip,
             "pending": n_sel - n_lab - n_skip,
+            "awaiting": n_wait,
         }
 
     def audit(self, n: int, export: bool = True) -> dict[str, Any]:
