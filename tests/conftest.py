@@ -11,6 +11,16 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+#: Label Studio 1.23's default banned subnets (core/utils/io.py) but loopback: with
+#: ``USE_DEFAULT_BANNED_SUBNETS=false`` the settings docs/label-studio.md ("Your team") gives
+#: for an ML backend on 127.0.0.1, which the live server runs with
+LS_BANNED_BUT_LOOPBACK = (
+    "0.0.0.0/8,10.0.0.0/8,100.64.0.0/10,169.254.0.0/16,172.16.0.0/12,192.0.0.0/24,"
+    "192.0.2.0/24,192.88.99.0/24,192.168.0.0/16,198.18.0.0/15,198.51.100.0/24,203.0.113.0/24,"
+    "224.0.0.0/4,233.252.0.0/24,240.0.0.0/4,255.255.255.255/32,::/128,::ffff:0:0/96,"
+    "::ffff:0:0:0/96,64:ff9b::/96,64:ff9b:1::/48,100::/64,2001:0000::/32,2001:20::/28,"
+    "2001:db8::/32,2002::/16,fc00::/7,fe80::/10,ff00::/8"
+)
 
 
 @pytest.fixture
@@ -87,9 +97,11 @@ def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         "LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT": str(root),
         "LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK": "true",
         "COLLECT_ANALYTICS": "false",
-        # `eada serve` runs on this host: let Label Studio call an ML backend on 127.0.0.1
+        # `eada serve` runs on this host: let Label Studio call an ML backend on 127.0.0.1,
+        # and keep every other banned range for its webhooks (docs/label-studio.md)
         "ML_BLOCK_LOCAL_IP": "false",
         "USE_DEFAULT_BANNED_SUBNETS": "false",
+        "USER_ADDITIONAL_BANNED_SUBNETS": LS_BANNED_BUT_LOOPBACK,
         "OMP_NUM_THREADS": "1",
     }
     log = open(base / "server.log", "wb")  # open while the server runs
@@ -139,7 +151,13 @@ def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             if time.monotonic() > deadline:
                 raise RuntimeError("Label Studio did not answer within 600 s")
             time.sleep(1)
-        yield {"url": url, "root": root, "legacy_token": token, "email": email}
+        yield {
+            "url": url,
+            "root": root,
+            "legacy_token": token,
+            "email": email,
+            "banned_subnets": LS_BANNED_BUT_LOOPBACK,
+        }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server and the workers it started
         try:

@@ -62,6 +62,9 @@ NOT_RUN: dict[str, str] = {
     "Label Studio: tests/test_labelstudio_live.py runs the README's Label Studio block as "
     "written against a real server (store and port substituted)",
     "eada labelstudio pull --store runs/proj": "as above (tests/test_labelstudio_live.py)",
+    "eada labelstudio connect --store runs/proj --url http://127.0.0.1:8080 --overlap 2": "needs "
+    "a running Label Studio: tests/test_labelstudio_team.py follows docs/label-studio.md's team "
+    "route (--overlap 2, an annotator joining by the invite link) against a real server",
     "eada status --store runs/proj": "as above (tests/test_labelstudio_live.py)",
     "eada labelstudio push --store runs/proj": "needs a connected store and a running Label "
     "Studio (tests/test_labelstudio_live.py pushes through eada query)",

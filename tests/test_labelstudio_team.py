@@ -3,7 +3,10 @@ session's ``label_studio`` fixture: one start): a two-person team's second day.
 
 The source lives in one folder (outside Label Studio's document root), the target in another
 below it; ``eada labelstudio connect --root`` names the document root after init and asks for
-two annotators a task (overlap); the images are served. alice and bob annotate; they disagree on
+two annotators a task (overlap, which also sets store.answers_needed=2); the images are served.
+alice (the admin, whose token eada uses) answers first: nothing is labeled yet, the pull,
+`next:` and train's refusal say 5 samples await 1 more answer (issue 37). bob joins through the
+invite link as the team docs say (no token) and answers in his own session; they disagree on
 one task: the pull imports the rest and names the dispute (Label Studio task id and sample,
 both annotators and answers); agreement is in status; a named reviewer settles it (`eada config
 set`) and training goes on. Round 2's tasks carry the pre-annotation Label Studio shows (the
@@ -12,7 +15,11 @@ prediction and is marked."""
 
 from __future__ import annotations
 
+import http.cookiejar
+import json
 import re
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -33,8 +40,45 @@ CLASSES = ["back_pack", "bike", "bike_helmet"]
 pytestmark = [pytest.mark.data, pytest.mark.slow]
 
 
-def _annotate(ls: dict[str, Any], task: int, label: str, user: int | None = None) -> None:
-    body: dict[str, Any] = {
+def _annotate(ls: dict[str, Any], task: int, label: str) -> None:
+    """alice (the admin, the server's user) answers ``task`` through the API."""
+    _api(ls, "POST", f"/api/tasks/{task}/annotations/", _choice(label))
+
+
+def _join_by_invite(ls: dict[str, Any], email: str) -> Any:
+    """An annotator joins as the team docs say: the admin's invite link
+    (``GET /api/invite``), opened in a browser session, signed up with e-mail and password.
+    Returns a function making JSON calls in that session (no token: the session cookie)."""
+    link = ls["url"] + _api(ls, "GET", "/api/invite")["invite_url"]
+    jar = http.cookiejar.CookieJar()
+    web = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    web.open(link, timeout=60).read()
+
+    def csrf() -> str:
+        return next(c.value for c in jar if c.name == "csrftoken")
+
+    form = urllib.parse.urlencode(
+        {"csrfmiddlewaretoken": csrf(), "email": email, "password": "annotator-password-1"}
+    ).encode()
+    req = urllib.request.Request(link, data=form, method="POST")
+    req.add_header("Referer", link)
+    web.open(req, timeout=60).read()
+
+    def call(method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        r = urllib.request.Request(ls["url"] + path, data=data, method=method)
+        r.add_header("Content-Type", "application/json")
+        r.add_header("X-CSRFToken", csrf())
+        r.add_header("Referer", ls["url"] + "/")
+        with web.open(r, timeout=60) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else None
+
+    return call
+
+
+def _choice(label: str) -> dict[str, Any]:
+    return {
         "result": [
             {
                 "from_name": "label",
@@ -44,9 +88,6 @@ def _annotate(ls: dict[str, Any], task: int, label: str, user: int | None = None
             }
         ]
     }
-    if user is not None:
-        body["completed_by"] = user
-    _api(ls, "POST", f"/api/tasks/{task}/annotations/", body)
 
 
 @pytest.fixture
@@ -82,8 +123,9 @@ def test_a_team_disagrees_a_reviewer_settles_and_round_2_shows_its_guesses(
     )
     out = _flat(capsys.readouterr().out)
     project = int(re.search(r"Label Studio project (\d+)", out).group(1))  # type: ignore[union-attr]
-    assert "2 annotators a task" in out and "rounds pushed: [1]" in out
+    assert "2 annotators a task: store.answers_needed=2" in out and "rounds pushed: [1]" in out
     assert _api(ls, "GET", f"/api/projects/{project}/")["maximum_annotations"] == 2
+    assert Project(store).options.answers_needed == 2
     assert Project(store).options.label_studio_root == Path(root)  # set after init
     tasks = _tasks(ls, project)
     assert len(tasks) == 5
@@ -93,20 +135,29 @@ def test_a_team_disagrees_a_reviewer_settles_and_round_2_shows_its_guesses(
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert resp.status == 200 and resp.read() == Path(t["data"]["path"]).read_bytes()
 
-    # alice (the server's user) and bob answer every task; they disagree on one
-    bob = _api(
-        ls,
-        "POST",
-        "/api/users/",
-        {"email": "bob@example.org", "username": "bob", "first_name": "Bob"},
-    )
+    # alice (the admin, whose token eada uses) answers every task first: with two answers
+    # needed, nothing is labeled yet; the pull, next: and train say what is awaited
     truth = apart["truth"]
     right = {t["id"]: truth[Path(t["data"]["path"]).name] for t in tasks}
+    for t in tasks:
+        _annotate(ls, t["id"], right[t["id"]])
+    assert main(["labelstudio", "pull", *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "0 new" in out and "5 awaiting 1 more answer (store.answers_needed=2)" in out
+    assert f"next: eada labelstudio pull --store {store}" in out
+    assert f"{ls['url']}/projects/{project}" in out
+    assert main(["train", *s]) == 2
+    err = _flat(capsys.readouterr().err)
+    assert "5 awaiting 1 more answer" in err and "label them in Label Studio" in err
+    # bob joins through the invite link (no token) and answers in his own session; he
+    # disagrees on one task
+    bob = _join_by_invite(ls, "bob@example.org")
+    assert bob("GET", "/api/current-user/whoami")["email"] == "bob@example.org"
     disputed = tasks[2]
     other = next(c for c in CLASSES if c != right[disputed["id"]])
     for t in tasks:
-        _annotate(ls, t["id"], right[t["id"]])
-        _annotate(ls, t["id"], other if t is disputed else right[t["id"]], user=int(bob["id"]))
+        label = other if t is disputed else right[t["id"]]
+        bob("POST", f"/api/tasks/{t['id']}/annotations/", _choice(label))
     assert main(["labelstudio", "pull", *s]) == 0
     out = _flat(capsys.readouterr().out)
     alice = f"label-studio:{ls['email']}"
@@ -122,6 +173,8 @@ def test_a_team_disagrees_a_reviewer_settles_and_round_2_shows_its_guesses(
     assert [d["sample_id"] for d in st["disputes"]] == [sid] and st["n_labeled"] == 4
     (pair,) = st["agreement"]
     assert (pair["n"], pair["agree"], pair["percent"]) == (5, 4, 80.0)
+    credit = st["answers_by_annotator"]  # every answer counted, agreeing ones too
+    assert credit[alice]["answers"] == 5 and credit["label-studio:bob@example.org"]["answers"] == 5
     # the named reviewer (alice) settles it; training goes on
     assert main(["config", "set", *s, "store.conflicts=reviewer", f"store.reviewer={alice}"]) == 0
     assert "1 dispute(s) settled" in _flat(capsys.readouterr().out)
@@ -150,3 +203,17 @@ def test_a_team_disagrees_a_reviewer_settles_and_round_2_shows_its_guesses(
         assert t["data"]["audit"] and "free_energy" not in t["data"]
         assert _api(ls, "GET", f"/api/predictions/?task={t['id']}") == []
     assert _api(ls, "GET", f"/api/projects/{project}/")["model_version"] == "eada-round-2"
+
+    # the server runs with the ML-backend network settings the team docs give (loopback
+    # unbanned for `eada serve`, test_labelstudio_live.py connects it); every other banned
+    # range still refuses a webhook
+    doc = (REPO / "docs" / "label-studio.md").read_text()
+    assert f"USER_ADDITIONAL_BANNED_SUBNETS={ls['banned_subnets']}\n" in doc
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _api(
+            ls,
+            "POST",
+            "/api/webhooks/",
+            {"project": project, "url": "http://169.254.169.254/latest/", "send_payload": True},
+        )
+    assert refused.value.code == 403
