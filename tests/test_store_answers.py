@@ -105,6 +105,8 @@ def test_two_answers_needed_wait_credit_and_export(surf: Path, tmp_path: Path, c
     err = _flat(capsys.readouterr().err)
     assert "round 1 awaits an answer for 6 of its 6 samples" in err
     assert "6 awaiting 1 more answer (store.answers_needed=2)" in err and "--partial" in err
+    assert main(["query", *s]) == 0  # the round is out still: exported again, and says why
+    assert "6 of them awaiting more answers" in _flat(capsys.readouterr().out)
     assert main(["status", *s]) == 0
     text = _flat(capsys.readouterr().out)
     assert "answers needed per sample: 2; 6 awaiting 1 more answer" in text

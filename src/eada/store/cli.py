@@ -168,9 +168,12 @@ def _cmd_query(args: argparse.Namespace) -> int:
     else:
         out = proj.query(budget=args.budget)
         if out["reexported"]:
+            waiting = (
+                f", {out['awaiting']} of them awaiting more answers" if out.get("awaiting") else ""
+            )
             console.print(
                 f"round {out['round']}: {out['pending']} of its {out['selected']} samples still "
-                f"await an answer ({out['labeled']} labeled, {out['skipped']} skipped); "
+                f"await an answer ({out['labeled']} labeled, {out['skipped']} skipped{waiting}); "
                 "exported again"
             )
         else:
