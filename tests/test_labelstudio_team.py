@@ -175,6 +175,10 @@ def test_a_team_disagrees_a_reviewer_settles_and_round_2_shows_its_guesses(
     assert (pair["n"], pair["agree"], pair["percent"]) == (5, 4, 80.0)
     credit = st["answers_by_annotator"]  # every answer counted, agreeing ones too
     assert credit[alice]["answers"] == 5 and credit["label-studio:bob@example.org"]["answers"] == 5
+    from eada.reports.project import build_project_report
+
+    html = build_project_report(store, store.parent / "team.html", per_round=1).read_text()
+    assert f"<td>{ls['url']}/projects/{project}</td>" in html  # the pulls name their project
     # the named reviewer (alice) settles it; training goes on
     assert main(["config", "set", *s, "store.conflicts=reviewer", f"store.reviewer={alice}"]) == 0
     assert "1 dispute(s) settled" in _flat(capsys.readouterr().out)

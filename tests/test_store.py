@@ -158,6 +158,7 @@ def test_human_round_trip_on_digits(tmp_path: Path, digits_root: Path, capsys) -
             "labeled": 30,
             "skipped": 0,
             "pending": 0,
+            "awaiting": 0,
         }
     ]
     assert st["annotators"] == {
