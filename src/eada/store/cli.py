@@ -428,12 +428,13 @@ def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
             "any eada command run by a user who may write it upgrades the file"
         )
     _say_next(next_command(st["next"], store, proj))
-    cols = ("round", "epoch", "strategy", "selected", "labeled", "skipped", "pending")
+    cols: tuple[str, ...] = ("round", "epoch", "strategy", "selected", "labeled", "skipped")
+    cols += ("pending",) if st.get("answers_needed", 1) == 1 else ("pending", "awaiting")
     t = Table(title="rounds")
     for col in cols:
         t.add_column(col)
     for r in st["rounds"]:
-        t.add_row(*[str(r[c]) for c in cols])
+        t.add_row(*[str(r.get(c, 0)) for c in cols])
     console.print(t)
     if st["skipped_by_reason"]:
         console.print(

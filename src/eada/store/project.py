@@ -180,11 +180,11 @@ class Project(ProjectRounds):
         if labelstudio.connection(self) is not None:
             got = labelstudio.pull(self)
             if progress is not None:
-                waiting = awaiting_text(got.get("awaiting") or [], self.options.answers_needed)
+                still = awaiting_text(got.get("awaiting") or [], self.options.answers_needed)
                 progress(
                     f"pulled from Label Studio: {got['new']} new, {got['corrections']} "
                     f"corrections, {got['skipped']} skipped, {got['unchanged']} unchanged"
-                    + (f", {waiting}" if waiting else "")
+                    + (f", {still}" if still else "")
                 )
         self.check_labeled_files()
         self.export_missing()  # a round recorded by a killed command gets its files
