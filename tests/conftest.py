@@ -166,3 +166,22 @@ def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built once per test session as ``make docs`` builds it
+    (``mkdocs build --strict``); skipped where the docs extra is not installed."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("the docs extra is not installed (pip install -e '.[docs]')")
+    out = tmp_path_factory.mktemp("site")
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)]
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out

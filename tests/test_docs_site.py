@@ -83,29 +83,133 @@ def test_benchmarks_md_opens_with_the_leaderboard_table() -> None:
     assert pages and pages == linked
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The site, built as ``make docs`` builds it (``mkdocs build --strict``)."""
-    if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("the docs extra is not installed (pip install -e '.[docs]')")
-    out = tmp_path_factory.mktemp("site")
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+@pytest.fixture
+def site(docs_site: Path) -> Path:
+    """The site as ``make docs`` builds it, once per test session (``docs_site``, conftest.py)."""
+    return docs_site
 
 
 def _text(page: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
 
 
+def _section(page: str, name: str, next_name: str) -> str:
+    """The HTML of one object's section of an API page (up to the next object)."""
+    start = page.index(f'id="eada.energy.{name}"')
+    return page[start : page.index(f'id="eada.energy.{next_name}"')]
+
+
 def test_api_page_of_free_energy_shows_its_formula_and_example(site: Path) -> None:
-    page = (site / "api/energy/index.html").read_text()
-    start = page.index('id="eada.energy.free_energy"')
-    body = _text_of(page[start : page.index('id="eada.energy.centered_free_energy"')])
-    assert "F(x) = -(1/tau) * log sum_y exp(-tau * E(x, y))" in body
-    example = body[body.index("Example") :]  # the doctest, as a highlighted block
-    assert "free_energy(E)" in example and "tensor([-0.3490,  0.1310])" in example
+    page = (site / "api/energy.html").read_text()
+    section = _section(page, "free_energy", "centered_free_energy")
+    # the formula is math: arithmatex's span, rendered in the browser by the vendored KaTeX
+    math = re.findall(r'<span class="arithmatex">(.*?)</span>', section, flags=re.DOTALL)
+    assert r"\(F(x) = -\frac{1}{\tau} \log \sum_y \exp(-\tau E(x, y))\)" in math, math
+    # the example is one highlighted code block with its prompts, input and output together
+    blocks = [_text_of(b) for b in re.findall(r"<pre>(.*?)</pre>", section, flags=re.DOTALL)]
+    example = [b for b in blocks if "free_energy(E)" in b]
+    assert len(example) == 1, blocks
+    assert ">>> E = torch.tensor(" in example[0]
+    assert ">>> free_energy(E)  # -log(e^0 + e^-1 + e^-3)" in example[0]
+    assert "tensor([-0.3490,  0.1310])" in example[0]
+    assert '<span class="gp">&gt;&gt;&gt; </span>' in section  # pycon highlighting: prompts
+    assert "<blockquote>" not in section
+
+
+def _scripts_and_styles(page: Path) -> list[str]:
+    html_text = page.read_text()
+    return re.findall(r'<script[^>]* src="([^"]+)"', html_text) + re.findall(
+        r'<link[^>]* href="([^"]+\.css)"', html_text
+    )
+
+
+def test_site_works_offline_and_opened_as_files(site: Path) -> None:
+    """KaTeX and the search worker's shim come from the site itself, the search index is a
+    script (search without a server), links point at files (``.html``, not folders), and no
+    page asks another host for anything (no CDN, no Google Fonts)."""
+    index = (site / "search/search_index.js").read_text()
+    assert index.startswith("var __index = ") and '"location":"api/energy.html' in index
+    for page in site.rglob("*.html"):
+        for url in _scripts_and_styles(page):
+            assert not re.match(r"(https?:)?//", url), f"{page} loads {url}"
+            base = site if url.startswith("/") else page.parent  # 404.html: from the root
+            assert (base / url.split("?")[0].lstrip("/")).is_file(), f"{page}: {url} missing"
+        assert "fonts.googleapis" not in page.read_text(), page
+    energy = _scripts_and_styles(site / "api/energy.html")
+    for local in (
+        "../assets/vendor/katex/katex.min.js",
+        "../assets/vendor/katex/katex.min.css",
+        "../assets/katex-init.js",
+        "../assets/vendor/iframe-worker/shim.js",
+    ):
+        assert local in energy, energy
+    css = (site / "assets/vendor/katex/katex.min.css").read_text()
+    fonts = re.findall(r"url\((fonts/[^)]+)\)", css)
+    assert fonts and all((site / "assets/vendor/katex" / f).is_file() for f in fonts)
+    vendored = sum(f.stat().st_size for f in (REPO / "docs/assets/vendor").rglob("*"))
+    assert vendored < 1_000_000
+    home = (site / "index.html").read_text()
+    assert 'href="concepts.html"' in home and 'href="concepts/"' not in home
+
+
+#: a Sphinx role left as text (``:func:`x``` renders as ``:func:<code>x</code>``)
+LITERAL_ROLE = re.compile(r":(?:py:)?(?:func|class|mod|meth|attr|data|exc|obj|const):")
+
+
+def test_no_literal_sphinx_role_in_the_site(site: Path) -> None:
+    """Every ``:func:``/``:class:``/... of the docstrings became a link (or inline code where
+    its target is not on the site): none is left in any page or in the search index."""
+    left = {
+        str(p.relative_to(site)): len(LITERAL_ROLE.findall(p.read_text()))
+        for p in [*site.rglob("*.html"), site / "search/search_index.json"]
+    }
+    assert {p: n for p, n in left.items() if n} == {}
+    # ... and they are links where the target is on the site: the module docstring's
+    # :func:`energy_from_logits`, a method's :meth:`update`, another page's class
+    page = (site / "api/energy.html").read_text()
+    assert re.search(r'<a [^>]*href="#eada\.energy\.energy_from_logits"', page)
+    assert re.search(r'<a [^>]*href="#eada\.energy\.DeltaEstimator\.update"', page)
+    config = (site / "api/config.html").read_text()
+    assert re.search(r'<a [^>]*href="(?:[\w./]*)#eada\.config\.\w+"', config)
+    # a target that is not on the site is inline code, titled with its full path
+    assert '<span title="eada.train.ActiveDATrainer.selection_tau"><code>' in page
+
+
+def test_the_docstring_extension_converts_roles_examples_and_literal_blocks() -> None:
+    """``scripts/griffe_docstrings.py`` on a small package: a role to a documented object
+    becomes an autoref, one to an unknown or external name inline code; an ``Example:``
+    section becomes an examples section; an rst literal block a fenced block."""
+    import griffe
+
+    ext = _module("scripts/griffe_docstrings.py")
+    pkg = griffe.load(
+        "eada", search_paths=[REPO / "src"], extensions=griffe.load_extensions(ext.SiteDocstrings)
+    )
+    free = pkg["energy.free_energy"]
+    out = ext.convert(
+        ":func:`~eada.energy.mvsm` :class:`DeltaEstimator` :func:`torch.exp`"
+        " :meth:`title <DeltaEstimator.update>` :func:`no_such_thing`",
+        free,
+        pkg.modules_collection,
+    )
+    assert out == (
+        '<autoref identifier="eada.energy.mvsm" optional><code>mvsm</code></autoref> '
+        '<autoref identifier="eada.energy.DeltaEstimator" optional>'
+        "<code>DeltaEstimator</code></autoref> <code>torch.exp</code> "
+        '<autoref identifier="eada.energy.DeltaEstimator.update" optional>'
+        "<code>title</code></autoref> <code>no_such_thing</code>"
+    )
+    # the loaded package was converted: roles gone, the example parsed as an examples section
+    assert ":func:" not in pkg["energy"].docstring.value
+    sections = free.docstring.parse("google")
+    kinds = [s.kind.value for s in sections]
+    assert kinds[-1] == "examples" and sections[-1].title == "Example:"
+    code = [v for k, v in sections[-1].value if k.value == "examples"]
+    assert code and code[0].startswith(">>> import torch")
+    assert ext.convert_literal_blocks("Run::\n\n    eada run toy\n\nThen.") == (
+        "Run:\n\n```text\neada run toy\n```\n\nThen."
+    )
+    assert "```python" in ext.convert_literal_blocks("Ex::\n\n    import eada\n")
 
 
 def _text_of(fragment: str) -> str:
@@ -115,10 +219,10 @@ def _text_of(fragment: str) -> str:
 def test_site_pages_render_the_repository_files(site: Path) -> None:
     home = _text(site / "index.html")
     assert "A five-minute tour" in home and "Average rank" in home
-    results = _text(site / "results/index.html")
+    results = _text(site / "results.html")
     assert "Which method wins where" in results and "SURF D->W" in results
     # links were rewritten for the site: the README's docs/ links point at pages
-    assert 'href="concepts/"' in (site / "index.html").read_text()
+    assert 'href="concepts.html"' in (site / "index.html").read_text()
 
 
 def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ __all__ = [
 
 
 def energy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Energies of a model that outputs logits: ``E(x, y) = -z_y(x)``.
+    r"""Energies of a model that outputs logits: $E(x, y) = -z_y(x)$.
 
     EADA's models output energies directly; use this to score a model trained with the usual
     "higher logit = more likely" convention.
@@ -66,11 +66,11 @@ def energy_from_logits(logits: torch.Tensor) -> torch.Tensor:
 
 
 def free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
-    """Free energy ``F(x) = -(1/tau) * log sum_y exp(-tau * E(x, y))``.
+    r"""Free energy $F(x) = -\frac{1}{\tau} \log \sum_y \exp(-\tau E(x, y))$.
 
-    At ``tau = 1`` this is the paper's Eq. (5), ``F(x) = -log sum_y exp(-E(x, y))``. ``tau`` is the
-    paper's *reverse* temperature (Eq. 6); lower ``F`` means the model finds ``x`` more probable
-    (``p(x) ~ exp(-F(x))``). Computed with a stable log-sum-exp.
+    At $\tau = 1$ this is the paper's Eq. (5), $F(x) = -\log \sum_y \exp(-E(x, y))$. ``tau`` is
+    the paper's *reverse* temperature $\tau$ (Eq. 6); lower $F$ means the model finds $x$ more
+    probable ($p(x) \propto \exp(-F(x))$). Computed with a stable log-sum-exp.
 
     Args:
         energies: ``(N, C)`` energies.
@@ -94,7 +94,7 @@ def free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
 
 
 def centered_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
-    """Shift-invariant free energy ``G(x) = F(x) - mean_y E(x, y)``.
+    r"""Shift-invariant free energy $G(x) = F(x) - \frac{1}{C} \sum_y E(x, y)$.
 
     The energy NLL ``E(x, y) - F(x)`` (and so the prediction) does not change when a constant
     ``c(x)`` is added to all energies of a sample; ``F`` moves by exactly ``c(x)``. So ``F`` is
@@ -126,8 +126,9 @@ def centered_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tens
 
 
 def balanced_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
-    """Centred free energy of a batch's energies taken relative to the batch's mean energy of
-    each class: ``B(x_i) = G(E(x_i, .) - mean_j E(x_j, .))`` (:func:`centered_free_energy`).
+    r"""Centred free energy of a batch's energies taken relative to the batch's mean energy of
+    each class: $B(x_i) = G\big(E(x_i, \cdot) - \frac{1}{N} \sum_j E(x_j, \cdot)\big)$
+    (:func:`centered_free_energy`).
 
     ``G`` fixes the per-sample common mode, but a loss that lowers ``G`` on unlabeled samples
     still sharpens every sample towards the class the model already prefers, and lowering one
@@ -207,7 +208,7 @@ def alignment_scale(*batches: torch.Tensor, floor: float = 1.0) -> torch.Tensor:
 def normalized_free_energy(
     energies: torch.Tensor, scale: torch.Tensor | float, tau: float = 1.0
 ) -> torch.Tensor:
-    """Scale-free balanced free energy ``N(x_i) = B(E(x_i, .) / sigma)``: the balanced free
+    r"""Scale-free balanced free energy $N(x_i) = B(E(x_i, \cdot) / \sigma)$: the balanced free
     energy (:func:`balanced_free_energy`) of the energies divided by the joint scale ``sigma``
     of the source and target batches (:func:`alignment_scale`).
 
@@ -295,7 +296,7 @@ def alignment_free_energy(
 
 
 def mvsm(energies: torch.Tensor) -> torch.Tensor:
-    """Min-versus-Second-Min uncertainty ``U(x) = E(x, y*) - E(x, y')`` (paper Eq. 10).
+    r"""Min-versus-Second-Min uncertainty $U(x) = E(x, y^*) - E(x, y')$ (paper Eq. 10).
 
     ``y*`` is the class of lowest energy and ``y'`` the second lowest, so ``U <= 0``; values
     closest to 0 are the most uncertain. Selection keeps the *highest* ``U``.
@@ -324,10 +325,10 @@ def energy_nll(
     tau: float = 1.0,
     reduction: Literal["mean", "sum", "none"] = "mean",
 ) -> torch.Tensor:
-    """Energy negative log-likelihood (paper Eq. 6).
+    r"""Energy negative log-likelihood (paper Eq. 6).
 
-    ``L_nll(x, y) = E(x, y) + (1/tau) * log sum_c exp(-tau * E(x, c))``. At ``tau = 1`` this is
-    ``E(x, y) - F(x)``, i.e. exactly cross-entropy on ``-E``. For ``tau != 1`` this is
+    $L_{nll}(x, y) = E(x, y) + \frac{1}{\tau} \log \sum_c \exp(-\tau E(x, c))$. At $\tau = 1$
+    this is $E(x, y) - F(x)$, i.e. exactly cross-entropy on $-E$. For ``tau != 1`` this is
     ``E(x, y) - F_tau(x)``, the paper's placement, and the authors' NLL is exactly this function
     at any ``tau`` (it is NOT cross-entropy on ``-tau * E``). Their second temperature placement
     is in the selection score, ``-tau * logsumexp(-E / tau)`` (see
@@ -364,7 +365,7 @@ def free_energy_alignment_loss(
     alignment: str = "paper",
     scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """Free-energy alignment loss ``L_fea(x) = max(0, F(x) - Delta)`` (paper Eq. 8).
+    r"""Free-energy alignment loss $L_{fea}(x) = \max(0, F(x) - \Delta)$ (paper Eq. 8).
 
     Pulls the free energy of unlabeled target samples down to the source level ``Delta`` (see
     :class:`DeltaEstimator`); samples already below ``Delta`` cost nothing. With
