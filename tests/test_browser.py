@@ -253,3 +253,67 @@ def test_browser_sees_a_broken_page(tmp_path: Path) -> None:
     kinds = {k for k, _ in facts["errors"]}
     assert "console" in kinds and "exception" in kinds
     assert facts["brokenImgs"] == 1
+
+
+def _poll(b: DevTools, expression: str, timeout: float = 30) -> Any:
+    """Evaluate ``expression`` until it is truthy (or ``timeout`` passes); its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = b.call("Runtime.evaluate", returnByValue=True, expression=expression)["result"]
+        if value.get("value") or time.monotonic() > deadline:
+            return value.get("value")
+        time.sleep(0.25)
+
+
+def test_docs_site_in_chromium(docs_site: Path, tmp_path: Path) -> None:
+    """The documentation site opened as files (``file://``, no server): the API page's formulas
+    are drawn by the site's own KaTeX, the search finds ``free_energy``, and nothing is
+    requested from the network."""
+    binary = _chromium()
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
+        b = DevTools(binary, Path(profile))
+        try:
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                b.call(f"{domain}.enable")
+            b.call("Page.navigate", url=(docs_site / "api/energy.html").as_uri())
+            b.wait_for("Page.loadEventFired")
+            math = _poll(
+                b,
+                """(() => { const all = document.querySelectorAll('.arithmatex').length;
+                   const drawn = document.querySelectorAll('.arithmatex .katex-html').length;
+                   return all > 0 && all === drawn ? [all, drawn] : null })()""",
+            )
+            assert math, "the formulas were not drawn by KaTeX"
+            # the search, from file:// (its worker runs in the vendored iframe shim)
+            b.call(
+                "Runtime.evaluate",
+                expression="""(() => {
+                  document.querySelector('label[for="__search"]').click();
+                  const input = document.querySelector('.md-search__input');
+                  input.value = 'free_energy';
+                  input.dispatchEvent(new Event('input', {bubbles: true}));
+                })()""",
+            )
+            hits = _poll(
+                b,
+                """[...document.querySelectorAll('.md-search-result__item')]
+                   .map(e => e.textContent).join(' ')""",
+            )
+            assert hits and "free_energy" in hits, hits
+            shot = b.call("Page.captureScreenshot", format="png")
+            (tmp_path / "energy.png").write_bytes(base64.b64decode(shot["data"]))
+            errors, requests = [], []
+            for e in b.events:
+                p = e.get("params", {})
+                if e["method"] == "Runtime.exceptionThrown" or (
+                    e["method"] == "Log.entryAdded" and p["entry"]["level"] == "error"
+                ):
+                    errors.append(p)
+                elif e["method"] == "Network.requestWillBeSent":
+                    requests.append(p["request"]["url"])
+            assert errors == []
+            external = [u for u in requests if not u.startswith(("file:", "data:", "about:"))]
+            assert external == [], f"the site asked the network for {external}"
+            assert any(u.endswith("katex/fonts/KaTeX_Main-Regular.woff2") for u in requests)
+        finally:
+            b.close()

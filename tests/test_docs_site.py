@@ -244,3 +244,39 @@ def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
 def _mk(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
+
+
+#: provenance that belongs in CONTRIBUTING.md or docs/reliability.md, not on a user page
+PROVENANCE = re.compile(r"\bissues? #?\d+|tests/test_\w*", re.IGNORECASE)
+#: the pages that may carry it: the developers' pages (docs/contributing.md shows
+#: CONTRIBUTING.md on the site) and docs/results.md, which shows BENCHMARKS.md
+NOT_USER_PAGES = {"contributing.md", "reliability.md", "results.md"}
+
+
+def user_pages() -> list[Path]:
+    """The user guide: ``docs/*.md`` but the developers' pages, and the README (the home)."""
+    pages = sorted(p for p in (REPO / "docs").glob("*.md") if p.name not in NOT_USER_PAGES)
+    return [REPO / "README.md", *pages]
+
+
+def test_user_pages_carry_no_provenance() -> None:
+    """No issue numbers and no test files on the user pages: which test backs which claim is in
+    CONTRIBUTING.md ("Where the user guide's claims are tested")."""
+    found = {
+        f"{p.relative_to(REPO)}:{i}": m.group(0)
+        for p in user_pages()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        for m in PROVENANCE.finditer(line)
+    }
+    assert found == {}, f"move these to CONTRIBUTING.md or docs/reliability.md: {found}"
+    assert len(user_pages()) >= 15
+    # the check can fail: a page citing an issue or a test file is found
+    assert PROVENANCE.search("(Moved from the README, issue 31.)")
+    assert PROVENANCE.search("`tests/test_store.py` kills it")
+    assert PROVENANCE.search("before Issue #32") and not PROVENANCE.search("tissue 3D")
+    assert "where-the-user-guides-claims-are-tested" in _slugs(REPO / "CONTRIBUTING.md")
+
+
+def _slugs(page: Path) -> set[str]:
+    heads = re.findall(r"^#+ (.+)$", page.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\s-]", "", h.lower()).strip().replace(" ", "-") for h in heads}
