@@ -164,6 +164,7 @@ def test_no_literal_sphinx_role_in_the_site(site: Path) -> None:
         for p in [*site.rglob("*.html"), site / "search/search_index.json"]
     }
     assert {p: n for p, n in left.items() if n} == {}
+    assert LITERAL_ROLE.search(":func:<code>free_energy</code>")  # what one left looks like
     # ... and they are links where the target is on the site: the module docstring's
     # :func:`energy_from_logits`, a method's :meth:`update`, another page's class
     page = (site / "api/energy.html").read_text()
@@ -275,6 +276,15 @@ def test_user_pages_carry_no_provenance() -> None:
     assert PROVENANCE.search("`tests/test_store.py` kills it")
     assert PROVENANCE.search("before Issue #32") and not PROVENANCE.search("tissue 3D")
     assert "where-the-user-guides-claims-are-tested" in _slugs(REPO / "CONTRIBUTING.md")
+
+
+def test_api_pages_carry_no_provenance(site: Path) -> None:
+    """The API reference is read by users too: its docstrings cite no issue or test file."""
+    found = {
+        str(p.relative_to(site)): PROVENANCE.findall(_text(p))
+        for p in sorted((site / "api").glob("*.html"))
+    }
+    assert found and {p: f for p, f in found.items() if f} == {}
 
 
 def _slugs(page: Path) -> set[str]:

@@ -1,9 +1,9 @@
-"""Energy maths of EADA: energies, free energy, MvSM, the NLL loss and free-energy alignment.
+r"""Energy maths of EADA: energies, free energy, MvSM, the NLL loss and free-energy alignment.
 
-Notation (paper, Sec. "Energy-based Models Revisit"): a classifier with ``C`` classes outputs an
-energy ``E(x, y)`` for every class; lower energy = more likely. The network's raw output is taken
-as the energy (the authors' convention), so ``E = f_theta(x)``; a model trained with ordinary
-cross-entropy on logits ``z`` corresponds to ``E = -z`` (see :func:`energy_from_logits`).
+Notation (paper, Sec. "Energy-based Models Revisit"): a classifier with $C$ classes outputs an
+energy $E(x, y)$ for every class; lower energy = more likely. The network's raw output is taken
+as the energy (the authors' convention), so $E = f_\theta(x)$; a model trained with ordinary
+cross-entropy on logits $z$ corresponds to $E = -z$ (see :func:`energy_from_logits`).
 
 Every function accepts a ``(N, C)`` tensor of energies and works per row.
 
@@ -96,16 +96,18 @@ def free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
 def centered_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor:
     r"""Shift-invariant free energy $G(x) = F(x) - \frac{1}{C} \sum_y E(x, y)$.
 
-    The energy NLL ``E(x, y) - F(x)`` (and so the prediction) does not change when a constant
-    ``c(x)`` is added to all energies of a sample; ``F`` moves by exactly ``c(x)``. So ``F`` is
-    the sum of a *common mode* ``mean_y E(x, y)``, which no supervised term constrains, and
-    ``G``, which depends only on the *shape* ``E(x, .) - mean_y E(x, .)`` the NLL trains.
-    ``G`` is a confidence: ``G <= -log(C) / tau`` (Jensen), with equality for equal energies,
-    and it falls as one class's energy drops below the others. Its gradient
-    ``dG/dE(x, y) = p(y|x) - 1/C`` sums to zero over the classes, so a loss on ``G`` gives the
-    common mode no gradient (it can still move as a side effect of shared weights, but ``G``
-    does not depend on it; ``dF/dE = p(y|x)`` sums to one: every step of a loss on ``F`` pushes
-    the common mode of the energies by the same amount, and nothing pushes back).
+    The energy NLL $E(x, y) - F(x)$ (and so the prediction) does not change when a constant
+    $c(x)$ is added to all energies of a sample; $F$ moves by exactly $c(x)$. So $F$ is
+    the sum of a *common mode* $\frac{1}{C} \sum_y E(x, y)$, which no supervised term
+    constrains, and $G$, which depends only on the *shape* of the energies,
+    $E(x, \cdot) - \frac{1}{C} \sum_y E(x, y)$, that the NLL trains. $G$ is a confidence:
+    $G \le -\log(C) / \tau$ (Jensen), with equality for equal energies, and it falls as one
+    class's energy drops below the others. Its gradient
+    $\partial G / \partial E(x, y) = p(y|x) - 1/C$ sums to zero over the classes, so a loss on
+    $G$ gives the common mode no gradient (it can still move as a side effect of shared weights,
+    but $G$ does not depend on it; $\partial F / \partial E(x, y) = p(y|x)$ sums to one: every
+    step of a loss on $F$ pushes the common mode of the energies by the same amount, and nothing
+    pushes back).
 
     Args:
         energies: ``(N, C)`` energies.
@@ -328,11 +330,11 @@ def energy_nll(
     r"""Energy negative log-likelihood (paper Eq. 6).
 
     $L_{nll}(x, y) = E(x, y) + \frac{1}{\tau} \log \sum_c \exp(-\tau E(x, c))$. At $\tau = 1$
-    this is $E(x, y) - F(x)$, i.e. exactly cross-entropy on $-E$. For ``tau != 1`` this is
-    ``E(x, y) - F_tau(x)``, the paper's placement, and the authors' NLL is exactly this function
-    at any ``tau`` (it is NOT cross-entropy on ``-tau * E``). Their second temperature placement
-    is in the selection score, ``-tau * logsumexp(-E / tau)`` (see
-    :attr:`eada.train.ActiveDATrainer.selection_tau`); all agree at ``tau = 1``.
+    this is $E(x, y) - F(x)$, i.e. exactly cross-entropy on $-E$. For $\tau \ne 1$ this is
+    $E(x, y) - F_\tau(x)$, the paper's placement, and the authors' NLL is exactly this function
+    at any $\tau$ (it is NOT cross-entropy on $-\tau E$). Their second temperature placement
+    is in the selection score, $-\tau \log \sum_y \exp(-E(x, y) / \tau)$ (see
+    :attr:`eada.train.ActiveDATrainer.selection_tau`); all agree at $\tau = 1$.
 
     Args:
         energies: ``(N, C)`` energies.
@@ -367,14 +369,14 @@ def free_energy_alignment_loss(
 ) -> torch.Tensor:
     r"""Free-energy alignment loss $L_{fea}(x) = \max(0, F(x) - \Delta)$ (paper Eq. 8).
 
-    Pulls the free energy of unlabeled target samples down to the source level ``Delta`` (see
-    :class:`DeltaEstimator`); samples already below ``Delta`` cost nothing. With
-    ``alignment="centered"`` the loss is ``max(0, G(x) - Delta)`` with the shift-invariant
-    ``G = F - mean_y E`` (:func:`centered_free_energy`), and ``Delta`` must then be the running
-    source mean of ``G``: the loss sees only what the NLL sees, so it cannot lower itself by
-    moving the unconstrained common mode of the energies (it gives that mode no gradient).
-    ``G <= -log(C)/tau``, so each sample's loss is at most ``-log(C)/tau - Delta`` and its
-    gradient norm below 1.
+    Pulls the free energy of unlabeled target samples down to the source level $\Delta$ (see
+    :class:`DeltaEstimator`); samples already below $\Delta$ cost nothing. With
+    ``alignment="centered"`` the loss is $\max(0, G(x) - \Delta)$ with the shift-invariant
+    $G = F - \frac{1}{C} \sum_y E$ (:func:`centered_free_energy`), and $\Delta$ must then be
+    the running source mean of $G$: the loss sees only what the NLL sees, so it cannot lower
+    itself by moving the unconstrained common mode of the energies (it gives that mode no
+    gradient). $G \le -\log(C) / \tau$, so each sample's loss is at most
+    $-\log(C) / \tau - \Delta$ and its gradient norm below 1.
 
     Args:
         energies: ``(N, C)`` energies of unlabeled target samples.
@@ -409,7 +411,8 @@ FEA_GATES = ("none", "dann", "labels", "confidence", "zero")
 """The gates of ``L_fea`` (``train.fea_gate``): the weight ``w`` in ``gamma * w * L_fea``.
 
 * ``none``: ``w = 1`` throughout (the paper, every run before the option existed, and the
-  default until the paired 20-seed comparison of issue 23 made ``labels`` the default);
+  default until a paired 20-seed comparison made ``labels`` the default: BENCHMARKS.md,
+  "A paired ablation of L_fea");
 * ``dann``: ``w(p) = 2 / (1 + exp(-10 p)) - 1`` with ``p`` the share of the run's training
   steps done, the schedule of DANN's gradient-reversal weight (Ganin et al., 2016): the
   alignment starts at 0 while the target predictions are the source classifier's alone and
@@ -839,7 +842,7 @@ def evidential_loss(
     -709 (``KL`` grows like ``exp(-logit)``: below that the true value passes float64's range
     and the result is ``+inf``, not NaN or a wrong finite number). Returned in float64 (the
     caller's loss then accumulates in float64). Equal to the authors' value where theirs is
-    finite and accurate (``tests/test_duc_lada.py``).
+    finite and accurate (tested on fixed batches against a re-statement of their code).
 
     Example:
         >>> nll, kl = evidential_loss(torch.zeros(1, 2), torch.tensor([0]))
