@@ -290,7 +290,7 @@ def test_docs_site_in_chromium(docs_site: Path, tmp_path: Path) -> None:
                 expression="""(() => {
                   document.querySelector('label[for="__search"]').click();
                   const input = document.querySelector('.md-search__input');
-                  input.value = 'free_energy';
+                  input.value = 'free energy';
                   input.dispatchEvent(new Event('input', {bubbles: true}));
                 })()""",
             )
@@ -300,6 +300,15 @@ def test_docs_site_in_chromium(docs_site: Path, tmp_path: Path) -> None:
                    .map(e => e.textContent).join(' ')""",
             )
             assert hits and "free_energy" in hits, hits
+            # ... and the formulas in the results are drawn too, none left as \( ... \)
+            drawn = _poll(b, "document.querySelectorAll('.md-search-result .katex').length")
+            raw = b.call(
+                "Runtime.evaluate",
+                returnByValue=True,
+                expression=r"""[...document.querySelectorAll('.md-search-result__article')]
+                   .filter(a => a.textContent.includes('\\(')).length""",
+            )["result"]["value"]
+            assert drawn and raw == 0, (drawn, raw)
             shot = b.call("Page.captureScreenshot", format="png")
             (tmp_path / "energy.png").write_bytes(base64.b64decode(shot["data"]))
             errors, requests = [], []
