@@ -250,8 +250,8 @@ def _mk(path: Path) -> Path:
 #: provenance that belongs in CONTRIBUTING.md or docs/reliability.md, not on a user page
 PROVENANCE = re.compile(r"\bissues? #?\d+|tests/test_\w*", re.IGNORECASE)
 #: the pages that may carry it: the developers' pages (docs/contributing.md shows
-#: CONTRIBUTING.md on the site) and docs/results.md, which shows BENCHMARKS.md
-NOT_USER_PAGES = {"contributing.md", "reliability.md", "results.md"}
+#: CONTRIBUTING.md on the site); the results pages (BENCHMARKS.md, docs/results/) keep theirs
+NOT_USER_PAGES = {"contributing.md", "reliability.md"}
 
 
 def user_pages() -> list[Path]:
