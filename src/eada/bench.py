@@ -54,6 +54,7 @@ from eada.reports.tables import render_table as _render
 from eada.runs import (
     OtherConfigError,
     append_jsonl,
+    check_not_store,
     check_same_data,
     config_differences,
     describe_reused,
@@ -344,6 +345,7 @@ def run_grid(
         OtherDataError: a record in ``runs.jsonl`` was made on other data (or before runs
             recorded their data, on data held in files).
     """
+    check_not_store(out)  # never a project store's folder
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
     done = finished_runs(log)

@@ -376,6 +376,27 @@ def _silence_stdout() -> None:
         pass
 
 
+OUTPUT_OPTIONS = ("out", "figures", "tensorboard")
+"""The options through which a command writes files: each is checked against the project
+stores' own files before any work (:func:`check_outputs`)."""
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, an output option (:data:`OUTPUT_OPTIONS`) that names a project
+    store's database, its ``-wal``/``-shm``/``-journal`` (also through a symlink) or a folder
+    holding a store (:func:`eada.runs.check_not_store`; every writer checks it again).
+
+    Raises:
+        eada.runs.StoreFileError: naming the option and the store's file.
+    """
+    from eada.runs import check_not_store
+
+    for name in OUTPUT_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value:
+            check_not_store(value, f"--{name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``eada`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -389,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(
                 "under torchrun only `eada run` is distributed; run this command in one process"
             )
+        check_outputs(args)  # before any work: never over a project store's own files
         if getattr(args, "threads", None) is not None:
             from eada.threads import set_threads
 

@@ -19,7 +19,7 @@ from eada.experiment import final_accuracy, run_once
 from eada.hparams import METHOD_LABELS, preset_config
 from eada.models.base import EnergyNet
 from eada.reports.figures import ToyPanel, plot_toy
-from eada.runs import append_jsonl, environment_info, summarize, write_json
+from eada.runs import append_jsonl, check_not_store, environment_info, summarize, write_json
 from eada.train.loop import ActiveDATrainer
 
 #: Target errors (%) the paper reports for the toy example (Sec. "Toy example").
@@ -56,6 +56,7 @@ def run_demo(
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     configs = {(m, s): preset_config("toy", m, s) for m in methods for s in range(seeds)}
+    check_not_store(out)  # never a project store's folder
     out.mkdir(parents=True, exist_ok=True)
     log = out / "runs.jsonl"
     log.unlink(missing_ok=True)

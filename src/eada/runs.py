@@ -91,6 +91,78 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+STORE_DB_NAME = "eada.sqlite"
+"""The database file of a project store (``eada init``); :mod:`eada.store.db` names it so."""
+STORE_FILE_NAMES = frozenset(
+    STORE_DB_NAME + tail for tail in ("", "-wal", "-shm", "-journal", ".writer")
+)
+"""The names of a project store's own files: the database, SQLite's write-ahead log, shared
+memory index and rollback journal, and the write lock holder's note."""
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class StoreFileError(ValueError):
+    """An output path that would write over a project store's own files (its database, the
+    database's ``-wal``/``-shm``/``-journal``, or a folder holding a store)."""
+
+
+def check_not_store(path: str | Path, what: str = "--out") -> None:
+    """Refuse an output ``path`` that is a project store's own file or a folder holding one,
+    directly or through a symlink: a name in :data:`STORE_FILE_NAMES`, a folder that holds
+    ``eada.sqlite``, or an existing SQLite database (a hard link or a copy of a store).
+    Every writer of eada's outputs calls it (:func:`write_bytes_atomic`,
+    :func:`staged_folder`, :func:`append_jsonl`, the feature and list writers), and the
+    ``eada`` command checks every ``--out`` with it before any work.
+
+    Args:
+        path: the file or folder a command is about to write.
+        what: how the message names it (the option, e.g. ``--out``).
+
+    Raises:
+        StoreFileError: ``path`` is (or points at) a store's file or a folder holding a store.
+
+    Example:
+        >>> import tempfile
+        >>> check_not_store(Path(tempfile.mkdtemp()) / "report.html")
+        >>> try:
+        ...     check_not_store("p/eada.sqlite-wal")
+        ... except StoreFileError as err:
+        ...     print(str(err)[:48])
+        --out p/eada.sqlite-wal is a project store's own
+    """
+    given = Path(path)
+    seen: list[Path] = [given.absolute()]
+    try:
+        real = given.resolve()  # through every symlink (a dangling one: where it points)
+    except (OSError, RuntimeError):  # a symlink loop: nothing to write through anyway
+        real = seen[0]
+    if real != seen[0]:
+        seen.append(real)
+    keep = "nothing was written; the store's labels, votes and disputes live there"
+    for p in seen:
+        via = "" if p == seen[0] else f" (through a symlink: {p})"
+        if p.name in STORE_FILE_NAMES:
+            raise StoreFileError(
+                f"{what} {path} is a project store's own file{via}: writing it would destroy "
+                f"the store; {keep}. Name another file"
+            )
+        if (p / STORE_DB_NAME).exists():
+            raise StoreFileError(
+                f"{what} {path} is a folder holding a project store ({p / STORE_DB_NAME}){via}; "
+                f"{keep}. Name another folder (e.g. a new one inside it)"
+            )
+    try:
+        with open(real, "rb") as fh:  # a hard link to, or a renamed copy of, a database
+            head = fh.read(len(_SQLITE_MAGIC))
+    except OSError:
+        return
+    if head == _SQLITE_MAGIC:
+        raise StoreFileError(
+            f"{what} {path} is an SQLite database (a project store's file, or a link to one); "
+            f"{keep}. Name another file"
+        )
+
+
 def tmp_name(path: Path) -> Path:
     """The temporary file a write of ``path`` goes through: ``.NAME.PID.tmp`` beside it (one a
     process, so concurrent writers of ``path`` never share one)."""
@@ -110,6 +182,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> Path:
     no temporary file and raises an ``OSError`` naming ``path``. The temporary files of
     killed writers of ``path`` are removed first (:func:`remove_stale_staging`)."""
     path = Path(path)
+    check_not_store(path, "the output")
     if path.is_dir():
         raise IsADirectoryError(
             errno.EISDIR, "is a folder; name the file to write (e.g. FOLDER/report.html)", str(path)
@@ -236,6 +309,7 @@ def staged_folder(out: Path) -> Iterator[Path]:
     kill the staging folder goes (a killed process's at the next call) and ``out`` stays as
     it was. Errors name the file they concern."""
     out = Path(out)
+    check_not_store(out, "the output folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out)
     tmp = tmp_name(out)
@@ -278,6 +352,7 @@ def append_jsonl(path: Path, obj: Any) -> None:
     """
     import fcntl
 
+    check_not_store(path, "the output")
     path.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(_clean(obj)) + "\n").encode()
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
@@ -640,6 +715,7 @@ def open_seed_folder(
         OtherConfigError: the folder holds runs of another config.
         OtherDataError: the folder holds runs made on other data (or of unrecorded data).
     """
+    check_not_store(out_dir)  # never runs into a project store's folder
     log = out_dir / "runs.jsonl"
     records = read_jsonl(log)
     check_same_config(records, resolved, out_dir)  # never mix configs

@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 from eada.config import ConfigError, ExperimentConfig, ImageListData
+from eada.runs import check_not_store
 
 #: The head the frozen-backbone configs train on the features (and the default model of a
 #: ``data.kind: features`` config without a ``model`` section).
@@ -43,6 +44,8 @@ def output_paths(out: Path, roles: list[str]) -> dict[str, Path]:
         raise ConfigError(f"--out {out}: use a .npz or .parquet file name")
     paths = {r: out.with_name(f"{out.stem}_{r}{out.suffix}") for r in roles}
     paths["config"] = out.with_suffix(".yaml")
+    for p in (out, *paths.values()):
+        check_not_store(p)  # never over a project store's files
     return paths
 
 

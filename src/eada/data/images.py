@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from eada.config import path_origin
-from eada.runs import sha256_file
+from eada.runs import check_not_store, sha256_file
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".tif", ".tiff", ".webp")
 
@@ -286,6 +286,8 @@ def write_image_list(images: ImageList, out: str | Path, checksums: bool = True)
     writes ``<out>.sha256`` (``sha256sum`` format, same relative paths). Returns ``out``.
     """
     out = Path(out)
+    check_not_store(out)  # nor its checksums file beside it
+    check_not_store(f"{out}.sha256")
     out.parent.mkdir(parents=True, exist_ok=True)
     base = out.parent.resolve()
 

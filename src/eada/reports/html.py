@@ -44,7 +44,7 @@ from eada.reports.figures_runs import (
     plot_toy_rounds,
     save_figure,
 )
-from eada.runs import format_warning, write_bytes_atomic
+from eada.runs import check_not_store, format_warning, write_bytes_atomic
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;
@@ -604,8 +604,11 @@ def build_report(
     Raises:
         FileNotFoundError: no runs under ``path``.
     """
-    inp = collect.load_report_input(Path(path))
     out = Path(out) if out is not None else Path(path) / "report.html"
+    check_not_store(out)  # before any work: never over a project store's files
+    if figures_dir is not None:
+        check_not_store(figures_dir, "--figures")
+    inp = collect.load_report_input(Path(path))
     figs = _Figures(Path(figures_dir) if figures_dir is not None else None)
     data = _Data(Path(data_root) if data_root is not None else None, Path(path).resolve())
     meta_file = Path(path) / "meta.json"

@@ -138,15 +138,17 @@ def build_project_report(folder: Path, out: Path | None = None, per_round: int =
     ``folder/report.html``) and return its path. Everything is read in one read transaction
     (:meth:`eada.store.db.Store.snapshot`) and the page is written atomically: a killed or
     failed report (a full disk) leaves the previous page whole, and its error names ``out``."""
+    from eada.runs import check_not_store
     from eada.store import Project
 
+    out = Path(out) if out is not None else Path(folder) / "report.html"
+    check_not_store(out)  # before any work: never over the store's own files
     project = Project(folder)
     try:
         with project.store.snapshot():  # one read transaction: every section agrees
             parts, name = _project_parts(project, folder, per_round)
     finally:
         project.close()
-    out = Path(out) if out is not None else Path(folder) / "report.html"
     return write_html(out, f"eada project {name}", parts)  # atomic; errors name out
 
 

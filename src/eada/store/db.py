@@ -46,8 +46,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from eada.runs import STORE_DB_NAME
+
 SCHEMA_VERSION = 3
-DB_NAME = "eada.sqlite"
+DB_NAME = STORE_DB_NAME  # eada.runs names it: its output guard protects the file
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

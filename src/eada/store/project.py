@@ -36,6 +36,7 @@ import torch
 
 from eada.config import ExperimentConfig, FeatureData
 from eada.data.features import domain_statistics
+from eada.runs import check_not_store
 from eada.store import labelstudio
 from eada.store.agreement import (
     VOTE_COLUMNS,
@@ -536,6 +537,7 @@ class Project(ProjectRounds):
         import io
 
         out = Path(out)
+        check_not_store(out)  # never the store's own folder or files
         check_export_target(out, force)
         cols = [
             "label_id",
