@@ -14,7 +14,7 @@ import torch
 from eada.data.tasks import Task
 from eada.store.config import StoreOptions, build_config
 from eada.store.data import load_project_data, row_hashes
-from eada.store.db import Store, StoreError, how, q
+from eada.store.db import Store, StoreError, half_made_error, how, q
 from eada.store.targets import sample_info
 from eada.store.unlabeled import hide_guessed_accuracy
 from eada.train import round_plan
@@ -27,6 +27,9 @@ class ProjectBase:
         self.folder = Path(folder)
         self.store = store if store is not None else Store(self.folder)
         raw = self.store.get_json("config")
+        if not isinstance(raw, dict):  # what a killed (or an older eada's failed) init left
+            self.store.close()
+            raise half_made_error(self.folder)
         train = raw.get("train")
         if isinstance(train, dict) and "fea_gate" not in train:
             # a project made before train.fea_gate existed trained L_fea without a gate: it
@@ -37,6 +40,16 @@ class ProjectBase:
         self.target_labeled = self.options.target != "unlabeled"
         self._task = task
         self.classes = self.store.classes()
+
+    def current_options(self) -> StoreOptions:
+        """The ``store:`` section as the store holds it now (read again: another process's
+        ``eada config set`` may have committed since this project was opened); kept as
+        :attr:`options`. Called inside a write transaction, it is what that transaction's
+        commit applies."""
+        raw = self.store.get_json("config")
+        if isinstance(raw, dict):
+            self.options = StoreOptions.model_validate(raw.get("store") or {"target": "labeled"})
+        return self.options
 
     def close(self) -> None:
         """Close the store."""

@@ -547,19 +547,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_set(args: argparse.Namespace) -> int:
-    import yaml
+    from eada.store.config import parse_setting
 
-    from eada.config import ConfigError
-
-    updates: dict[str, Any] = {}
-    for item in args.pairs:
-        key, sep, value = item.partition("=")
-        if not sep or not key.startswith("store."):
-            raise ConfigError(f"{item!r}: expected store.KEY=VALUE (e.g. store.conflicts=majority)")
-        updates[key[len("store.") :]] = yaml.safe_load(value) if value else None
+    updates = dict(parse_setting(item) for item in args.pairs)  # strings stay exact text
     proj = _project(args)
     out = proj.set_options(updates)
     _say(f"project {args.store}: " + ", ".join(f"store.{k}={out['store'][k]}" for k in updates))
+    for w in out["warnings"]:
+        _log(f"warning: {w}")
     got = out["settled"]
     if got.get("settled"):
         _say(f"{got['settled']} dispute(s) settled by the new policy")

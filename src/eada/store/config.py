@@ -4,6 +4,7 @@ its data section made absolute at ``eada init``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -164,6 +165,73 @@ class StoreOptions(BaseModel):
         if why is not None:
             raise ValueError(f"{why}; Label Studio would serve every file under it")
         return v
+
+
+def text_value(key: str, text: str) -> str:
+    """A string setting's value: the text exactly as given (``@alice``, ``{``, ``alice #x``,
+    ``yes`` and ``123`` stay those characters; nothing is parsed).
+
+    >>> text_value("reviewer", "alice #x"), text_value("reviewer", "123")
+    ('alice #x', '123')
+    """
+    return text
+
+
+def yaml_value(key: str, text: str) -> Any:
+    """A number or list setting's value parsed as YAML (``0.9``, ``null``, ``[a, b]``).
+
+    Raises:
+        ConfigError: the text is not valid YAML, naming ``store.KEY``.
+
+    >>> yaml_value("near_duplicate_threshold", "0.9")
+    0.9
+    """
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+        raise ConfigError(
+            f"store.{key}={text!r}: not a value ({problem}); give a number or a YAML list"
+        ) from None
+
+
+SETTABLE: dict[str, Callable[[str, str], Any]] = {
+    "conflicts": text_value,
+    "conflict_tie": text_value,
+    "reviewer": text_value,
+    "label_studio_root": text_value,
+    "near_duplicate_threshold": yaml_value,
+    "answers_needed": yaml_value,
+}
+"""The ``store:`` keys ``eada config set`` may change after ``eada init``, each with how its
+``VALUE`` text is read: strings as the exact text (:func:`text_value`), numbers and lists as
+YAML (:func:`yaml_value`). A new setting is one entry here (and its field in
+:class:`StoreOptions`)."""
+
+
+def parse_setting(item: str) -> tuple[str, Any]:
+    """One ``store.KEY=VALUE`` argument of ``eada config set`` as ``(KEY, value)``: the value
+    read as :data:`SETTABLE` says for ``KEY``; an empty ``VALUE`` unsets the key (its default).
+
+    Raises:
+        ConfigError: not ``store.KEY=VALUE``, a key that cannot change after init, or a value
+            that does not parse, naming the key.
+
+    >>> parse_setting("store.reviewer=@alice"), parse_setting("store.near_duplicate_threshold=")
+    (('reviewer', '@alice'), ('near_duplicate_threshold', None))
+    """
+    key, sep, text = item.partition("=")
+    if not sep or not key.startswith("store."):
+        raise ConfigError(f"{item!r}: expected store.KEY=VALUE (e.g. store.conflicts=majority)")
+    key = key[len("store.") :]
+    if key not in SETTABLE:
+        raise ConfigError(
+            f"store.{key} cannot change after `eada init`; settable: "
+            + ", ".join(f"store.{k}" for k in SETTABLE)
+        )
+    return key, (SETTABLE[key](key, text) if text else None)
 
 
 def split_store_section(raw: dict[str, Any]) -> tuple[dict[str, Any], StoreOptions]:

@@ -287,6 +287,13 @@ def translate_sqlite_error(err: sqlite3.Error, folder: Path) -> StoreError | Non
     return None
 
 
+def check_creatable(folder: Path) -> None:
+    """Raise :class:`StoreError` when a store that is not half-made (:func:`half_made`) is at
+    ``folder``: ``eada init`` checks it before any work."""
+    if (folder / DB_NAME).exists() and not half_made(folder):
+        raise StoreError(f"a project store already exists at {folder}")
+
+
 def remove_stale_tmp(*folders: Path) -> list[Path]:
     """Delete the temporary files (``.NAME.PID.tmp``) that killed processes left in ``folders``;
     those of a live process stay (it may be writing them now).
@@ -310,6 +317,53 @@ def remove_stale_tmp(*folders: Path) -> list[Path]:
             except OSError:
                 pass
     return removed
+
+
+_CONTENT_TABLES = ("samples", "labels", "votes", "rounds", "checkpoints", "imports")
+
+
+def _half_made(conn: sqlite3.Connection) -> bool:
+    """Whether the database behind ``conn`` is what an interrupted or failed ``eada init``
+    left: no project config committed and no sample, label, vote, round, checkpoint or import
+    in it (an empty file, or a schema without a registration, as eada before 0.x left when
+    registering failed). Never true of a store that holds anything a user made."""
+    names = {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if "meta" in names and conn.execute("SELECT 1 FROM meta WHERE key = 'config'").fetchone():
+        return False
+    return not any(
+        t in names and conn.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone()
+        for t in _CONTENT_TABLES
+    )
+
+
+def half_made(folder: str | Path) -> bool:
+    """Whether ``folder/eada.sqlite`` is a store that ``eada init`` left half-made (killed, or
+    failed before this eada made init one transaction; :func:`_half_made`): ``eada init``
+    replaces such a store without ``--force``, and every other command names it. ``False``
+    when there is no such file, or it is not an SQLite database."""
+    path = Path(folder) / DB_NAME
+    if not path.is_file():
+        return False
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=1.0)
+    except sqlite3.Error:
+        return False
+    try:
+        return _half_made(conn)
+    except sqlite3.Error:
+        return False
+    finally:
+        conn.close()
+
+
+def half_made_error(folder: Path) -> StoreError:
+    """The error every command but ``eada init`` gives on a half-made store."""
+    return StoreError(
+        f"the project store {folder} is half-made: an `eada init` was interrupted or failed "
+        "before it committed (no project config, no samples); create it again with "
+        + how(f"eada init --store {q(folder)} ...", "eada.create_project(folder, config)")
+        + " (it replaces the half-made store; nothing else is lost)"
+    )
 
 
 def now() -> str:
@@ -336,14 +390,18 @@ class Store:
     """
 
     def __init__(
-        self, folder: str | Path, create: bool = False, timeout: float | None = None
+        self,
+        folder: str | Path,
+        create: bool = False,
+        timeout: float | None = None,
+        _defer_schema: bool = False,
     ) -> None:
         self.folder = Path(folder)
         self.path = self.folder / DB_NAME
         self.timeout = busy_timeout() if timeout is None else float(timeout)
+        self._depth = 0  # nesting of this object's write transactions (one BEGIN IMMEDIATE)
         if create:
-            if self.path.exists():
-                raise StoreError(f"a project store already exists at {self.folder}")
+            check_creatable(self.folder)
             self.folder.mkdir(parents=True, exist_ok=True)
         elif not self.path.is_file():
             raise StoreError(
@@ -356,6 +414,8 @@ class Store:
         self.upgraded_in_memory: int | None = None
         try:
             self.conn = self._connect()
+            if _defer_schema:  # Store.creating: the caller's transaction creates it
+                return
             if create:
                 with self.transaction():
                     self._create_schema()
@@ -389,7 +449,62 @@ class Store:
         conn.execute("PRAGMA foreign_keys=ON")
         return conn
 
+    @classmethod
+    @contextmanager
+    def creating(cls, folder: str | Path, timeout: float | None = None) -> Iterator[Store]:
+        """A new store whose schema and everything the block writes commit in ONE write
+        transaction (``eada init``: schema, registration and config): an error in the block,
+        or a kill at any point, leaves no store. On an error the files this call made go too
+        (the database, its ``-wal``/``-shm``, ``checkpoints/`` and a folder it created), so a
+        failed init leaves nothing behind; a kill leaves an empty database that
+        :func:`half_made` recognises and the next ``eada init`` replaces. A half-made store
+        already there is replaced inside the same transaction.
+
+        Raises:
+            StoreError: a store (not a half-made one) is already at ``folder``.
+        """
+        folder = Path(folder)
+        made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+        had_file = (folder / DB_NAME).exists()
+        store = cls(folder, create=True, timeout=timeout, _defer_schema=True)
+        try:
+            try:
+                with store.transaction():
+                    store._create_schema()
+                    yield store
+            except sqlite3.Error as err:
+                raise translate_sqlite_error(err, folder) or StoreError(
+                    f"cannot create the project store {store.path}: {err}"
+                ) from err
+        except BaseException:
+            store.close()
+            if not had_file:
+                for tail in ("", "-wal", "-shm", "-journal", HOLDER_SUFFIX):
+                    Path(f"{store.path}{tail}").unlink(missing_ok=True)
+            for p in [folder / "checkpoints", *made]:
+                try:
+                    p.rmdir()  # only if empty: a folder holding anything else stays
+                except OSError:
+                    pass
+            raise
+        (folder / "checkpoints").mkdir(exist_ok=True)
+
     def _create_schema(self) -> None:
+        """The schema (inside the caller's write transaction); the tables of a half-made
+        store at this path are dropped first (checked again under the write lock)."""
+        left = [
+            (str(r[0]), str(r[1]))
+            for r in self.conn.execute(
+                "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'index') "
+                "AND name NOT LIKE 'sqlite_%'"
+            )
+        ]
+        if left:
+            if not _half_made(self.conn):  # another init completed it meanwhile
+                raise StoreError(f"a project store already exists at {self.folder}")
+            for kind, name in left:
+                if kind == "table":
+                    self.conn.execute(f'DROP TABLE IF EXISTS "{name}"')
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 self.conn.execute(stmt)
@@ -400,6 +515,11 @@ class Store:
         try:
             raw = self.get_meta("schema_version")
         except sqlite3.DatabaseError as err:
+            try:
+                if _half_made(self.conn):
+                    raise half_made_error(self.folder) from None
+            except sqlite3.Error:
+                pass
             raise StoreError(f"{self.path} is not an eada project store: {err}") from None
         if raw is None:
             raise StoreError(f"{self.path} has no schema version: not an eada project store")
@@ -496,7 +616,15 @@ class Store:
         store, disk full, damaged file) become a :class:`StoreError` naming the store.
         """
         self.check_writable()
+        if self._depth:  # inside this store's own write transaction: part of it, one commit
+            self._depth += 1
+            try:
+                yield self.conn
+            finally:
+                self._depth -= 1
+            return
         self._begin()
+        self._depth = 1
         try:
             yield self.conn
             self._release_holder()
@@ -512,6 +640,8 @@ class Store:
                 if mapped is not None:
                     raise mapped from err
             raise
+        finally:
+            self._depth = 0
 
     @contextmanager
     def snapshot(self) -> Iterator[sqlite3.Connection]:

@@ -309,13 +309,15 @@ class ProjectLabels(ProjectCheckpoints):
             raise ImportValidationError(source_name, problems)
         n_new = n_fix = n_same = 0
         stamp = now()
-        opts = self.options
-        policy = "newest-wins" if force else opts.conflicts
-        needed = 1 if force or source == "simulated" else opts.answers_needed
         # Everything that another writer can change (rounds, the labels in force, the votes,
-        # the mode) is read inside the transaction that writes: a concurrent import waits for
-        # this one and sees its labels, so two labels are never in force for one sample.
+        # the mode, the conflicts policy) is read inside the transaction that writes: a
+        # concurrent import waits for this one and sees its labels, so two labels are never
+        # in force for one sample, and the policy applied is the one in force at the commit
+        # (a `config set` that committed while this import read its file is applied).
         with self.store.transaction() as c:
+            opts = self.current_options()
+            policy = "newest-wins" if force else opts.conflicts
+            needed = 1 if force or source == "simulated" else opts.answers_needed
             open_ids = {
                 int(r[0])
                 for r in c.execute("SELECT sample_id FROM disputes WHERE resolved IS NULL")

@@ -49,9 +49,9 @@ from eada.store.agreement import (
 )
 from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
-from eada.store.config import StoreOptions, absolute_config, resolved_config
+from eada.store.config import SETTABLE, StoreOptions, absolute_config, resolved_config
 from eada.store.data import confine, default_roots, load_project_data, row_hashes
-from eada.store.db import Store, StoreError, how
+from eada.store.db import Store, StoreError, check_creatable, how
 from eada.store.exports import check_export_target, model_meta, predictions_csv, write_export
 from eada.store.labelfiles import ImportFileError, csv_safe
 from eada.store.labels import ImportValidationError
@@ -98,8 +98,7 @@ def init_project(
         1000
     """
     folder = Path(folder)
-    if (folder / "eada.sqlite").exists():
-        raise StoreError(f"a project store already exists at {folder}")
+    check_creatable(folder)  # a half-made store (a killed or failed init) is replaced
     cfg = absolute_config(cfg)  # later commands may run from another folder
     options, labeled = resolve_target(cfg, options)
     task, paths, info = load_project_data(cfg, labeled, progress)
@@ -123,8 +122,9 @@ def init_project(
                 rows.append((role, dom.name, i, str(rp), _file_sha256(rp)))
         else:
             rows += [(role, dom.name, i, None, h) for i, h in enumerate(row_hashes(dom))]
-    store = Store(folder, create=True)
-    with store.transaction() as c:
+    # schema, registration and config in ONE transaction: a failure or a kill leaves no store
+    with Store.creating(folder) as store:
+        c = store.conn
         store.set_meta(
             "config", json.dumps({**resolved_config(cfg), "store": options_json(options)})
         )
@@ -145,6 +145,7 @@ def init_project(
         stats = target_statistics(cfg, labeled)
         if stats is not None:  # frozen: rows a scan adds later never change these
             store.set_meta("target_statistics", json.dumps(stats))
+        crash_point("init:before_commit")
     return Project(folder, store=store, task=task)
 
 
@@ -456,22 +457,23 @@ class Project(ProjectRounds):
             "upgraded_in_memory_from": self.store.upgraded_in_memory,
         }
 
-    SETTABLE = (
-        "conflicts",
-        "conflict_tie",
-        "reviewer",
-        "label_studio_root",
-        "near_duplicate_threshold",
-        "answers_needed",
-    )
+    SETTABLE = tuple(SETTABLE)  # eada.store.config.SETTABLE: one entry a setting
 
     def set_options(self, updates: dict[str, Any]) -> dict[str, Any]:
         """Change keys of the project's ``store:`` section after ``eada init`` (``eada config
-        set``): ``conflicts``, ``conflict_tie``, ``reviewer``, ``label_studio_root`` (every
-        target image must lie under it), ``near_duplicate_threshold``, ``answers_needed``.
-        Validated as at init; a new conflicts policy (or fewer answers needed) settles the
-        open disputes (and the samples awaiting answers) it can at once. Returns the new
-        section and the import result of that settling.
+        set``; the keys of :data:`eada.store.config.SETTABLE`): ``conflicts``,
+        ``conflict_tie``, ``reviewer``, ``label_studio_root`` (every target image must lie
+        under it), ``near_duplicate_threshold``, ``answers_needed``. Validated as at init; a new
+        conflicts policy (or fewer answers needed) settles the open disputes (and the samples
+        awaiting answers) it can at once.
+
+        Read, validate, write and settle are ONE write transaction (``BEGIN IMMEDIATE``): two
+        processes changing different keys at once both keep theirs, and nothing changes when
+        the new section is invalid.
+
+        Returns:
+            ``store``: the new section; ``settled``: the import result of the settling;
+            ``warnings``: e.g. a ``reviewer`` who has never answered a sample (still set).
 
         Raises:
             ConfigError: a key that may not change after init, or an invalid value.
@@ -490,33 +492,55 @@ class Project(ProjectRounds):
             raise ConfigError(
                 f"store.{bad[0]} is not a store setting (unknown key); settable: {settable}"
             )
-        raw = self.store.get_json("config") or {}
-        section = {**(raw.get("store") or {}), **updates}
-        if section.get("label_studio_root") is not None:
-            section["label_studio_root"] = str(Path(section["label_studio_root"]).absolute())
-        _, options = split_store_section({"store": section})
-        if options.label_studio_root is not None:
-            root = label_studio_root([], options.label_studio_root)
-            assert root is not None
-            outside = [
-                r["path"]
-                for r in self.store.samples("target")
-                if r["path"] and root not in Path(r["path"]).parents
-            ]
-            if outside:
-                raise ConfigError(
-                    f"store.label_studio_root {root}: {len(outside)} target image(s) lie "
-                    f"outside it (first: {outside[0]}); name a folder that holds them all"
-                )
-        with self.store.transaction():
+        with self.store.transaction():  # the config is read under the write lock
+            raw = self.store.get_json("config") or {}
+            section = {**(raw.get("store") or {}), **updates}
+            if section.get("label_studio_root") is not None:
+                section["label_studio_root"] = str(Path(section["label_studio_root"]).absolute())
+            _, options = split_store_section({"store": section})
+            if options.label_studio_root is not None:
+                root = label_studio_root([], options.label_studio_root)
+                assert root is not None
+                outside = [
+                    r["path"]
+                    for r in self.store.samples("target")
+                    if r["path"] and root not in Path(r["path"]).parents
+                ]
+                if outside:
+                    raise ConfigError(
+                        f"store.label_studio_root {root}: {len(outside)} target image(s) lie "
+                        f"outside it (first: {outside[0]}); name a folder that holds them all"
+                    )
             self.store.set_meta(
                 "config", json.dumps({**raw, "store": options_json(options)}, default=str)
             )
-        self.options = options
-        settled = self._write_labels(
-            [], "(store.conflicts changed)", "", "policy", "config", "human", False
-        )
-        return {"store": options_json(options), "settled": settled}
+            self.options = options
+            settled = self._write_labels(  # in this transaction: the policy just written
+                [], "(store.conflicts changed)", "", "policy", "config", "human", False
+            )
+            warnings = []
+            if "reviewer" in updates and options.reviewer is not None:
+                who = options.reviewer
+                answered = self.store.conn.execute(
+                    "SELECT 1 FROM votes WHERE annotator = ? UNION ALL "
+                    "SELECT 1 FROM labels WHERE annotator = ? LIMIT 1",
+                    (who, who),
+                ).fetchone()
+                if answered is None:
+                    names = [
+                        str(r[0])
+                        for r in self.store.conn.execute(
+                            "SELECT DISTINCT annotator FROM votes ORDER BY annotator LIMIT 9"
+                        )
+                    ]
+                    seen = ", ".join(repr(n) for n in names[:8])
+                    seen += " ..." if len(names) > 8 else ""
+                    warnings.append(
+                        f"store.reviewer {who!r} has not answered any sample yet (set anyway; "
+                        f"annotators so far: {seen or 'none'}): their answers count once imports "
+                        "name them so (--annotator NAME, label-studio:EMAIL)"
+                    )
+        return {"store": options_json(options), "settled": settled, "warnings": warnings}
 
     def export(self, out: str | Path, force: bool = False) -> dict[str, str]:
         """Write ``labels.csv`` (labels in force), ``labels_history.csv`` (every row,
