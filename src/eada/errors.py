@@ -96,9 +96,12 @@ def log_dir() -> Path:
 def write_traceback(err: BaseException, argv: list[str] | None = None) -> Path:
     """Write ``err``'s traceback (and the command line) to a new log file; returns its path."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    from eada.store.labelstudio import scrub
+
     text = f"eada {' '.join(argv if argv is not None else sys.argv[1:])}\n" + "".join(
         traceback.format_exception(type(err), err, err.__traceback__)
     )
+    text = scrub(text)  # no token, no URL password in a log one is asked to share
     for folder in (log_dir(), Path(tempfile.gettempdir())):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -118,14 +121,18 @@ def report_error(
 ) -> int:
     """Say what went wrong and return the exit status: :data:`USER_ERROR` with the one-line
     message of :func:`user_message`; for anything else :data:`INTERNAL_ERROR`, with the
-    traceback written to a log file that the message names."""
+    traceback written to a log file that the message names. Neither holds a secret: the
+    Label Studio token and URL passwords are hidden (:func:`eada.store.labelstudio.scrub`)."""
+    from eada.store.labelstudio import scrub
+
     msg = user_message(err, store)
     if msg is not None:
-        say(f"error: {msg}")
+        say(scrub(f"error: {msg}"))
         return USER_ERROR
     log = write_traceback(err, argv)
     say(
-        f"error: unexpected {type(err).__name__}: {err}. This is a bug in eada (or an input it "
-        f"does not check yet); the traceback is in {log}. Please report it with that file."
+        f"error: unexpected {type(err).__name__}: {scrub(str(err))}. This is a bug in eada (or "
+        f"an input it does not check yet); the traceback is in {log}. Please report it with "
+        "that file."
     )
     return INTERNAL_ERROR

@@ -13,6 +13,12 @@ The connection (URL, project id, storages, pushed rounds) is kept in the store's
 table under ``labelstudio``; the access token never is: it is read from
 ``$LABEL_STUDIO_API_KEY`` each time. Both Label Studio token kinds work: a personal access
 token (a JWT refresh token, exchanged for a short-lived access token) and a legacy API token.
+
+Secrets are never printed: a server's error body is shown only after every occurrence of
+the token and of the ``Authorization`` value is replaced (:func:`scrub`, before it is cut to
+400 characters), the same goes for the ``eada`` error line and its log, a token holding a
+control character (CR/LF) or a URL holding a user or password is refused without echoing
+it (:func:`check_token`, :func:`check_url`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -42,6 +49,65 @@ META_KEY = "labelstudio"
 
 class LabelStudioError(ValueError):
     """Label Studio could not be reached, refused a request, or does not fit the store."""
+
+
+HIDDEN = "[hidden]"
+_SECRETS: set[str] = set()  # every token this process was given or received (scrub hides them)
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
+
+
+def scrub(text: str) -> str:
+    """``text`` with every secret replaced by ``[hidden]``: the value of
+    ``$LABEL_STUDIO_API_KEY`` (and its parts between control characters), every token a
+    client of this process was given or received (so every ``Authorization`` value it
+    sent), as they are and as JSON, URL-encoding or ``repr`` would write them; and the
+    ``user:password@`` of any URL.
+
+    >>> scrub("see http://bob:pw@host:8080/x")
+    'see http://[hidden]@host:8080/x'
+    """
+    found = set(_SECRETS)
+    env = os.environ.get(TOKEN_ENV)
+    if env:
+        found |= {env, env.strip()}
+        found |= {p for p in re.split(r"[\x00-\x20\x7f]+", env) if len(p) >= 6}
+    forms: set[str] = set()
+    for s in found:
+        if s:
+            forms |= {s, urllib.parse.quote(s, safe=""), json.dumps(s)[1:-1], repr(s)[1:-1]}
+    for form in sorted(forms, key=len, reverse=True):  # the longest first: no part left over
+        text = text.replace(form, HIDDEN)
+    return _USERINFO.sub(lambda m: m.group(1) + HIDDEN + "@", text)
+
+
+def check_token(token: str) -> str:
+    """A Label Studio token without its surrounding whitespace, or an error that does not
+    echo it: a token is printable ASCII with no space (a legacy hex token, a JWT), so a
+    control character (a CR or LF would forge a header line), a space inside or a
+    non-ASCII character is refused.
+
+    Raises:
+        LabelStudioError: naming the position of the character, never the token.
+
+    >>> check_token("  abc123\n")
+    'abc123'
+    """
+    _SECRETS.add(token)
+    value = token.strip()
+    _SECRETS.add(value)
+    bad = next((i for i, c in enumerate(value) if not 0x21 <= ord(c) <= 0x7E), None)
+    if bad is not None:
+        kind = (
+            "a control character (CR, LF, ...)"
+            if ord(value[bad]) < 0x20
+            else ("a space" if value[bad] == " " else "a character outside printable ASCII")
+        )
+        raise LabelStudioError(
+            f"${TOKEN_ENV} holds {kind} at position {bad + 1} of {len(value)}, which no "
+            "Label Studio token holds; it was not sent (and is not shown): set the variable "
+            "to the token alone"
+        )
+    return value
 
 
 def _is_jwt(token: str) -> bool:
@@ -76,7 +142,7 @@ class LabelStudioClient:
                 f"set ${TOKEN_ENV} to a Label Studio access token (Account & Settings: a "
                 "personal access token, or the legacy token where the organization allows it)"
             )
-        self.token = token.strip()
+        self.token = check_token(token)
         self.timeout = timeout
         self._access: str | None = None
 
@@ -87,7 +153,7 @@ class LabelStudioClient:
             out = self._send("POST", "/api/token/refresh/", {"refresh": self.token}, auth=None)
             if not isinstance(out, dict) or "access" not in out:
                 raise LabelStudioError(f"{self.url}: the token refresh returned no access token")
-            self._access = str(out["access"])
+            self._access = check_token(str(out["access"]))
         return f"Bearer {self._access}"
 
     def request(
@@ -118,9 +184,10 @@ class LabelStudioClient:
             with _OPENER.open(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except _RedirectRefused as err:
-            raise LabelStudioError(f"Label Studio {method} {self.url}{path}: {err}") from None
+            raise LabelStudioError(scrub(f"Label Studio {method} {self.url}{path}: {err}")) from None
         except urllib.error.HTTPError as err:
-            text = err.read().decode("utf-8", "replace")[:400]
+            # every secret out BEFORE the cut: a token across the 400th character goes too
+            text = scrub(err.read().decode("utf-8", "replace"))[:400]
             if err.code == 401 and auth is not None and auth.startswith("Bearer "):
                 raise _Unauthorized() from None
             hint = ""
@@ -130,7 +197,7 @@ class LabelStudioClient:
                 f"Label Studio {method} {self.url}{path}: HTTP {err.code}{hint}: {text}"
             ) from None
         except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
+            reason = scrub(str(getattr(err, "reason", err)))
             raise LabelStudioError(
                 f"cannot reach Label Studio at {self.url} ({reason}); is it running there?"
             ) from None
@@ -209,14 +276,21 @@ def check_url(url: str) -> str:
     'http://127.0.0.1:8080'
     """
     u = urllib.parse.urlsplit(url.strip())
+    if "@" in u.netloc:  # user:password@: refused, and never echoed
+        host = u.netloc.rpartition("@")[2]
+        raise LabelStudioError(
+            f"--url {u.scheme}://{HIDDEN}@{host}: a Label Studio address holds no user name "
+            f"or password (it is not sent, and not shown); the token goes in ${TOKEN_ENV}: "
+            f"give --url {u.scheme}://{host}"
+        )
     try:
         u.port  # noqa: B018 (raises on a bad port)
     except ValueError:
         u = u._replace(netloc="")
     if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
         raise LabelStudioError(
-            f"--url {url!r} is not a Label Studio address: expected http://HOST:PORT (e.g. "
-            "http://127.0.0.1:8080)"
+            f"--url {scrub(url)!r} is not a Label Studio address: expected http://HOST:PORT "
+            "(e.g. http://127.0.0.1:8080)"
         )
     return url.strip().rstrip("/")
 
