@@ -89,7 +89,7 @@ def check_token(token: str) -> str:
     Raises:
         LabelStudioError: naming the position of the character, never the token.
 
-    >>> check_token("  abc123\n")
+    >>> check_token("  abc123\\n")
     'abc123'
     """
     _SECRETS.add(token)
@@ -184,7 +184,8 @@ class LabelStudioClient:
             with _OPENER.open(req, timeout=self.timeout) as resp:
                 raw = resp.read()
         except _RedirectRefused as err:
-            raise LabelStudioError(scrub(f"Label Studio {method} {self.url}{path}: {err}")) from None
+            text = scrub(f"Label Studio {method} {self.url}{path}: {err}")
+            raise LabelStudioError(text) from None
         except urllib.error.HTTPError as err:
             # every secret out BEFORE the cut: a token across the 400th character goes too
             text = scrub(err.read().decode("utf-8", "replace"))[:400]
