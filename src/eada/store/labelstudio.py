@@ -60,8 +60,8 @@ def scrub(text: str) -> str:
     """``text`` with every secret replaced by ``[hidden]``: the value of
     ``$LABEL_STUDIO_API_KEY`` (and its parts between control characters), every token a
     client of this process was given or received (so every ``Authorization`` value it
-    sent), as they are and as JSON, URL-encoding or ``repr`` would write them; and the
-    ``user:password@`` of any URL.
+    sent), as they are and as JSON, URL-encoding or ``repr`` would write them (one shorter
+    than 8 characters only as a whole word); and the ``user:password@`` of any URL.
 
     >>> scrub("see http://bob:pw@host:8080/x")
     'see http://[hidden]@host:8080/x'
@@ -76,7 +76,10 @@ def scrub(text: str) -> str:
         if s:
             forms |= {s, urllib.parse.quote(s, safe=""), json.dumps(s)[1:-1], repr(s)[1:-1]}
     for form in sorted(forms, key=len, reverse=True):  # the longest first: no part left over
-        text = text.replace(form, HIDDEN)
+        if len(form) >= 8:
+            text = text.replace(form, HIDDEN)
+        else:  # a short one only as a whole word: "x" must not mangle "expected"
+            text = re.sub(rf"(?<!\w){re.escape(form)}(?!\w)", HIDDEN, text)
     return _USERINFO.sub(lambda m: m.group(1) + HIDDEN + "@", text)
 
 
@@ -487,7 +490,7 @@ def connect(
             },
         )
         storages[str(folder)] = int(st["id"])
-    conn = {
+    conn: dict[str, Any] = {
         "url": client.url,
         "project": project_id,
         "storage": next(iter(storages.values()), None),
@@ -497,7 +500,10 @@ def connect(
         "overlap": overlap if overlap is not None else (old or {}).get("overlap"),
         "pushed": list((old or {}).get("pushed", [])) if same else [],
     }
-    with project.store.transaction():
+    with project.store.transaction():  # rounds another process pushed meanwhile stay pushed
+        now_conn = connection(project)
+        if same and now_conn is not None:
+            conn["pushed"] = sorted({*conn["pushed"], *now_conn.get("pushed", [])})
         project.store.set_meta(META_KEY, json.dumps(conn))
     if overlap is not None and overlap != project.options.answers_needed:
         project.set_options({"answers_needed": overlap})  # a sample counts once N agree
