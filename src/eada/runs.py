@@ -151,6 +151,8 @@ def check_not_store(path: str | Path, what: str = "--out") -> None:
                 f"{what} {path} is a folder holding a project store ({p / STORE_DB_NAME}){via}; "
                 f"{keep}. Name another folder (e.g. a new one inside it)"
             )
+    if not real.is_file():  # a FIFO or a device (/dev/stdout) is never read: it could block
+        return
     try:
         with open(real, "rb") as fh:  # a hard link to, or a renamed copy of, a database
             head = fh.read(len(_SQLITE_MAGIC))
