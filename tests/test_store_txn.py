@@ -153,6 +153,7 @@ def test_config_set_values_through_the_command(
         ("store.near_duplicate_threshold=high", "store.near_duplicate_threshold"),
         ("store.conflicts=maybe", "store.conflicts"),
         ("store.target=labeled", "store.target cannot change after"),
+        ("store.reviewr=alice", "store.reviewr is not a store setting (unknown key)"),
     ):
         assert main(["config", "set", *s, bad]) == 2, bad
         err = capsys.readouterr().err

@@ -227,10 +227,10 @@ def parse_setting(item: str) -> tuple[str, Any]:
         raise ConfigError(f"{item!r}: expected store.KEY=VALUE (e.g. store.conflicts=majority)")
     key = key[len("store.") :]
     if key not in SETTABLE:
-        raise ConfigError(
-            f"store.{key} cannot change after `eada init`; settable: "
-            + ", ".join(f"store.{k}" for k in SETTABLE)
-        )
+        settable = ", ".join(f"store.{k}" for k in SETTABLE)
+        if key in StoreOptions.model_fields:
+            raise ConfigError(f"store.{key} cannot change after `eada init`; settable: {settable}")
+        raise ConfigError(f"store.{key} is not a store setting (unknown key); settable: {settable}")
     return key, (SETTABLE[key](key, text) if text else None)
 
 
