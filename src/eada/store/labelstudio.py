@@ -98,6 +98,8 @@ def check_token(token: str) -> str:
     _SECRETS.add(token)
     value = token.strip()
     _SECRETS.add(value)
+    if not value:
+        raise LabelStudioError(f"${TOKEN_ENV} is empty (only whitespace): set it to the token")
     bad = next((i for i, c in enumerate(value) if not 0x21 <= ord(c) <= 0x7E), None)
     if bad is not None:
         kind = (
