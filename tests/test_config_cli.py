@@ -156,16 +156,19 @@ def test_cli_demo_writes_results_and_png(
     out = tmp_path / "demo"
     assert main(["demo", "--seeds", "2", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
-    for name in ("source_only", "random", "eada"):
+    assert res["preset"] == "toy-calibrated"  # the calibrated toy by default
+    for name in ("source_only", "random", "badge", "eada"):
         s = res["strategies"][name]
         assert len(s["errors"]) == 2
         assert s["mean_error"] == pytest.approx(sum(s["errors"]) / 2)
         assert all(0 <= e <= 100 for e in s["errors"])
     assert res["strategies"]["eada"]["paper_error"] == 1.0
+    assert res["strategies"]["badge"]["paper_error"] == 4.2
     png = (out / "toy_fig5.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     printed = capsys.readouterr().out
     assert "Source-only" in printed and "52.0" in printed and "EADA" in printed
+    assert "preset toy-calibrated" in printed and "BADGE" in printed
 
 
 def test_cli_run_dry_run_touches_no_data(
@@ -295,5 +298,6 @@ def test_every_command_help_is_plain_text_with_a_description() -> None:
         assert parser.description, name
         for markup in ("``", ":func:", ":data:", ":mod:", ":class:", ":meth:"):
             assert markup not in text, (name, markup)
-    assert "Source-only, Random, EADA" in seen["eada demo"].format_help()
+    assert "Source-only, Random, BADGE, EADA" in " ".join(seen["eada demo"].format_help().split())
+    assert "--preset {toy-calibrated,toy}" in seen["eada demo"].format_help()
     assert "what eada.hparams.METHODS says" in seen["eada bench"].format_help()

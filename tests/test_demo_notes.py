@@ -15,8 +15,9 @@ from eada.cli import main
 from eada.demo import demo_notes
 
 REPO = Path(__file__).resolve().parents[1]
-#: the committed ``eada demo --seeds 5 --out docs/demo`` record (seeds 0-4)
-RECORD = REPO / "docs" / "demo" / "results.json"
+#: the committed ``eada demo --seeds 5 --out docs/demo`` record (seeds 0-4) of the original toy
+#: (``--preset toy``, before the calibrated toy became the default)
+RECORD = REPO / "docs" / "demo" / "toy-original" / "results.json"
 
 
 def _record() -> dict[str, Any]:
