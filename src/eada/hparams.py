@@ -66,7 +66,7 @@ PRESETS["toy-calibrated"] = {
     "data": {
         "kind": "toy",
         "n_per_class": 500,
-        "separation": 4.25,
+        "separation": 4.5,
         "std": 1.0,
         "rotation_deg": 93.0,
     },
