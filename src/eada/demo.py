@@ -181,6 +181,35 @@ def _outlier_seed(errors: list[float]) -> int | None:
     return worst if gap > max(OUTLIER_POINTS, 3 * (max(others) - min(others))) else None
 
 
+def _cold_start_split(results: dict[str, Any], names: list[str], named: set[int]) -> list[str]:
+    """The means on the cold-start seeds and on the others, when some cold start is not
+    already named by an outlier note (at most one line)."""
+    strategies: dict[str, Any] = results["strategies"]
+    seeds: list[int] = list(results["seeds"])
+    trained = [n for n in names if any(strategies[n].get("round_errors", []))]
+    if not trained:
+        return []
+    before = [r[0] if r else None for r in strategies[trained[0]]["round_errors"]]
+    cold = [k for k, b in enumerate(before) if b is not None and b >= COLD_START_ERROR]
+    warm = [k for k, b in enumerate(before) if b is not None and b < COLD_START_ERROR]
+    if not cold or not warm or set(cold) <= named:
+        return []
+
+    def means(ks: list[int]) -> str:
+        return ", ".join(
+            f"{strategies[n]['label']} {sum(strategies[n]['errors'][k] for k in ks) / len(ks):.1f}"
+            for n in trained
+        )
+
+    which = " and ".join(str(seeds[k]) for k in cold)
+    starts = " and ".join(f"{before[k]:.0f} %" for k in cold)
+    return [
+        f"Seed{'s' if len(cold) > 1 else ''} {which} started cold ({starts} of the target wrong "
+        f"before the first labels). Mean error there: {means(cold)}; on the other seeds: "
+        f"{means(warm)}."
+    ]
+
+
 def demo_notes(results: dict[str, Any]) -> list[str]:
     """One line per surprising cell of the demo's table, computed from this run's numbers.
 
@@ -189,7 +218,8 @@ def demo_notes(results: dict[str, Any]) -> list[str]:
     * for EADA with such a seed, whether its paired ablation without ``L_fea`` fails on the same
       seed (then the selection, not the alignment loss, is where it fails) or not;
     * two methods whose means are in the opposite order of the paper's, with how many seeds
-      (the same data for both) each one wins;
+      (the same data for both) each one wins; then, where some cold start is not named above,
+      each method's mean on the cold-start seeds and on the others;
     * a mean more than 5 points and two standard deviations away from the paper's.
 
     Example:
@@ -243,6 +273,7 @@ def demo_notes(results: dict[str, Any]) -> list[str]:
                 f"EADA's {e_eada:.1f} %): there the alignment loss costs EADA."
             )
     with_paper = [n for n, s in strategies.items() if s.get("paper_error") is not None]
+    inverted = False
     for i, a in enumerate(with_paper):
         for b in with_paper[i + 1 :]:
             sa, sb = strategies[a], strategies[b]
@@ -255,6 +286,7 @@ def demo_notes(results: dict[str, Any]) -> list[str]:
             wins = sum(round(x, 1) < round(y, 1) for x, y in pairs)
             ties = sum(round(x, 1) == round(y, 1) for x, y in pairs)
             level = f" (level on {ties})" if ties else ""
+            inverted = True
             notes.append(
                 f"{lo['label']}'s mean error is above {hi['label']}'s ({lo['mean_error']:.1f} "
                 f"against {hi['mean_error']:.1f}; the paper: {lo['paper_error']:.1f} against "
@@ -262,6 +294,8 @@ def demo_notes(results: dict[str, Any]) -> list[str]:
                 f"{lo['label']} is below {hi['label']} on {wins} of {len(lo['errors'])} seeds"
                 f"{level}."
             )
+    if inverted:
+        notes.extend(_cold_start_split(results, with_paper, set(outliers.values())))
     for s in strategies.values():
         paper = s.get("paper_error")
         if paper is None or len(s["errors"]) < 2:
