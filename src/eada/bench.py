@@ -49,6 +49,16 @@ import torch
 
 from eada.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_config
 from eada.data.identity import data_inputs
+from eada.executors import (
+    DaskExecutor,
+    Executor,
+    InProcessExecutor,
+    Job,
+    LocalProcessExecutor,
+    Outcome,
+    assign_devices,
+)
+from eada.executors import worker_start_method as worker_start_method  # re-exported
 from eada.hparams import REFERENCE_METHODS, method_label, variant_label
 from eada.reports.tables import render_table as _render
 from eada.runs import (
@@ -306,7 +316,8 @@ def _best_epoch(best: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def finished_runs(log: Path) -> dict[str, dict[str, Any]]:
     """The lines of ``runs.jsonl`` by run key, a task written under another spelling (an older
-    line: ``./configs/x.yaml``) under its :func:`task_id`."""
+    line: ``./configs/x.yaml``) under its :func:`task_id`. Finished runs only: a run whose line
+    says it failed or was lost (:func:`eada.runs.is_finished`) is run again."""
     done = {}
     for r in read_jsonl(log):
         task, method, variant, seed = json.loads(r["key"])
@@ -322,19 +333,35 @@ def run_grid(
     max_runs: int | None = None,
     jobs: int = 1,
     threads: int = 1,
+    *,
+    executor: Executor | None = None,
+    failed: list[dict[str, Any]] | None = None,
+    bar: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run every grid cell not yet in ``out/runs.jsonl``; returns all records of the grid.
+    """Run every grid cell not yet finished in ``out/runs.jsonl``; returns the finished records
+    of the grid (the failed ones go to ``failed``).
 
     Args:
         runs: the grid (:func:`build_grid`).
         out: output folder (``runs.jsonl``, ``grid.json``, ``meta.json``).
-        progress: receives one line per run.
+        progress: receives one line per finished run (and a few notes).
         max_runs: stop after this many NEW runs (``None``: all).
-        jobs: worker processes (``> 1``: :func:`worker_start_method` processes with
-            ``threads`` threads each, each taking run after run and appending to
-            ``runs.jsonl`` concurrently; the records are the same as one process's, the order
-            of the lines is that of completion).
+        jobs: worker processes when no ``executor`` is given (``> 1``: a
+            :class:`~eada.executors.LocalProcessExecutor` of ``jobs`` processes with ``threads``
+            threads each; the records are the same as one process's, the order of the lines is
+            that of completion).
         threads: thread count of each worker process (only with ``jobs > 1``).
+        executor: where the runs execute (:mod:`eada.executors`); default in-process for
+            ``jobs == 1``.
+        failed: receives the record of every run of this call that failed or was lost.
+        bar: show a progress bar (done/total, failed, ETA) on stderr instead of the lines.
+
+    This process alone appends to ``runs.jsonl``, one whole line per finished run, as each
+    finishes. A run that raises is recorded as ``{"key", "status": "failed", "error",
+    "traceback", "worker", ...}`` and the grid goes on; a later call tries it again (a failed
+    line never counts as finished: :func:`finished_runs`). The first Ctrl-C (``SIGINT``) stops
+    starting runs, lets the running ones end and be recorded, then raises
+    ``KeyboardInterrupt``; a second one stops them too.
 
     A stored line is reused only for the same config and the same data (its ``inputs``, see
     :func:`eada.data.identity.data_inputs`); ``progress`` is told "reused N runs made at ...
@@ -344,6 +371,7 @@ def run_grid(
         OtherConfigError: a record in ``runs.jsonl`` has the same key but another config.
         OtherDataError: a record in ``runs.jsonl`` was made on other data (or before runs
             recorded their data, on data held in files).
+        KeyboardInterrupt: Ctrl-C (the records of the runs that ended are written).
     """
     check_not_store(out)  # never a project store's folder
     out.mkdir(parents=True, exist_ok=True)
@@ -375,16 +403,191 @@ def run_grid(
     todo = [r for r in runs if r.key not in done]
     if max_runs is not None:
         todo = todo[: max(0, max_runs)]
-    if jobs > 1 and len(todo) > 1:
-        for rec in _run_parallel(todo, log, code, jobs, threads, progress):
-            done[rec["key"]] = rec
-        return [done[r.key] for r in runs if r.key in done]
-    for i, run in enumerate(todo, start=1):
-        if progress:
-            progress(f"[{i}/{len(todo)}] {_run_label(run)}")
-        rec = _run_and_append(run, log, code)
-        done[run.key] = rec
+    if executor is None:
+        executor = (
+            LocalProcessExecutor(jobs, threads, preload=RUN_MODULES)
+            if jobs > 1 and len(todo) > 1
+            else InProcessExecutor()
+        )
+    remote = isinstance(executor, DaskExecutor)
+    by_key = {r.key: r for r in todo}
+    grid_jobs = [
+        Job(
+            r.key,
+            _grid_job,
+            (r, code, threads if remote else None),
+            _run_label(r),
+            gpu=r.config.device != "cpu",
+        )
+        for r in todo
+    ]
+    if progress and todo and not isinstance(executor, InProcessExecutor):
+        where = (
+            f"{executor.workers if isinstance(executor, LocalProcessExecutor) else 'the'} "
+            f"{executor.name}"
+        )
+        if isinstance(executor, DaskExecutor):
+            where += f" at {executor.address}"
+        progress(f"{len(todo)} runs on {where}, {threads} thread(s) each")
+    tracker = _Progress(len(todo), progress, bar)
+    n_failed = 0
+    with _FirstInterruptStops(executor, progress), tracker:
+        for outcome in executor.run(grid_jobs):
+            run = by_key[outcome.job.key]
+            if outcome.status == "ok":
+                assert outcome.value is not None
+                rec = {**outcome.value, "worker": _where(outcome), "timing": outcome.timing()}
+                if outcome.attempts > 1:
+                    rec["attempts"] = outcome.attempts
+                append_jsonl(log, rec)
+                done[run.key] = rec
+            else:
+                rec = failure_record(run, outcome, code)
+                append_jsonl(log, rec)
+                n_failed += 1
+                if failed is not None:
+                    failed.append(rec)
+            tracker.update(run, outcome, n_failed)
+    if getattr(executor, "interrupted", False):
+        raise KeyboardInterrupt
     return [done[r.key] for r in runs if r.key in done]
+
+
+def _where(outcome: Outcome) -> dict[str, Any]:
+    """The ``worker`` entry of a record: host, address, device (and the GPU ids it saw)."""
+    w = outcome.worker
+    return {k: w.get(k) for k in ("host", "address", "device", "cuda_visible_devices")}
+
+
+def failure_record(run: GridRun, outcome: Outcome, code: dict[str, Any]) -> dict[str, Any]:
+    """The line of a run that failed (its function raised) or was lost with its worker."""
+    return {
+        "key": run.key,
+        "task": run.task,
+        "method": run.method,
+        "variant": list(run.variant),
+        "seed": run.seed,
+        "status": "failed" if outcome.status == "failed" else "lost",
+        "error": outcome.error,
+        "error_type": outcome.error_type,
+        "traceback": outcome.traceback,
+        "worker": _where(outcome),
+        "timing": outcome.timing(),
+        "attempts": outcome.attempts,
+        "config_sha": run.config_sha,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "code": code,
+    }
+
+
+def failure_summary(failed: list[dict[str, Any]], total: int) -> str:
+    """The lines ``eada bench`` prints after a grid with failed runs."""
+    lines = [f"{len(failed)} of {total} runs failed (recorded in runs.jsonl; run the same "
+             "command again to retry them):"]  # fmt: skip
+    for rec in failed:
+        var = f" [{variant_label(rec['variant'])}]" if rec["variant"] else ""
+        where = rec.get("worker", {}).get("address")
+        lines.append(
+            f"  {rec['task']} / {rec['method']}{var} / seed {rec['seed']}: {rec['status']}: "
+            f"{rec['error_type']}: {rec['error']}" + (f" [{where}]" if where else "")
+        )
+    return "\n".join(lines)
+
+
+class _FirstInterruptStops:
+    """While the grid runs, the first Ctrl-C stops submitting (``executor.stop()``) and the
+    running runs end and are recorded; a second raises ``KeyboardInterrupt`` (a run cut off
+    leaves no line). Only in the main thread (signal handlers live there)."""
+
+    def __init__(self, executor: Executor, progress: Callable[[str], None] | None) -> None:
+        self.executor = executor
+        self.progress = progress
+        self.previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if getattr(self.executor, "interrupted", False):
+            raise KeyboardInterrupt
+        self.executor.interrupted = True  # type: ignore[attr-defined]
+        self.executor.stop()
+        if self.progress:
+            self.progress("interrupted: no new runs; the running ones end (Ctrl-C again to stop)")
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        self.executor.interrupted = False  # type: ignore[attr-defined]
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+class _Progress:
+    """Progress of a grid: a rich bar (done/total, failed, ETA) on a terminal, else one plain
+    line per finished run (``[3/12] ok 4.1 s: task / method / seed 0 (worker)``), never
+    wrapped."""
+
+    def __init__(self, total: int, sink: Callable[[str], None] | None, bar: bool) -> None:
+        self.total, self.sink, self.n = total, sink, 0
+        self.bar: Any = None
+        if bar and total:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("grid"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("failed {task.fields[failed]}"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
+            self.task = self.bar.add_task("grid", total=total, failed=0)
+
+    def __enter__(self) -> _Progress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def update(self, run: GridRun, outcome: Outcome, n_failed: int) -> None:
+        """One more run finished."""
+        self.n += 1
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, failed=n_failed)
+            if outcome.status != "ok":
+                self.bar.console.print(
+                    f"{outcome.status}: {_run_label(run)}: {outcome.error}", soft_wrap=True
+                )
+            return
+        if self.sink:
+            t = outcome.timing()["run_s"]
+            secs = f" {t:.1f} s" if t is not None else ""
+            where = outcome.worker.get("address", "")
+            dev = outcome.worker.get("device")
+            where += f" {dev}" if dev and dev != "cpu" else ""
+            line = f"[{self.n}/{self.total}] {outcome.status}{secs}: {_run_label(run)}"
+            if outcome.status != "ok":
+                line += f": {outcome.error_type}: {outcome.error}"
+            self.sink(line + (f" ({where})" if where and not where.startswith("local:") else ""))
 
 
 def _run_label(run: GridRun) -> str:
@@ -414,57 +617,28 @@ def grid_inputs(run: GridRun) -> dict[str, Any]:
     return _INPUTS[ident]
 
 
-def _run_and_append(run: GridRun, log: Path, code: dict[str, Any]) -> dict[str, Any]:
-    """Train one grid cell and append its record to ``log`` (safe for concurrent writers)."""
+def _grid_job(run: GridRun, code: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
+    """Train one grid cell; its record (where it runs: this process, a local worker or a Dask
+    worker; ``threads``: set this worker's thread count first, for Dask workers)."""
     from eada.experiment import run_once
     from eada.train.domain_stats import DomainStatsRecorder
 
+    if threads is not None:
+        from threadpoolctl import threadpool_limits
+
+        from eada.threads import set_threads
+
+        set_threads(threads)
+        threadpool_limits(limits=threads)
     cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
     stats = DomainStatsRecorder(n_free_energy=BENCH_FREE_ENERGIES, seed=run.seed)
     cbs = [*(cbs or []), stats]  # compact domain statistics for the report (histograms, toy)
     inputs = grid_inputs(run)
-    try:
-        result = run_once(run.config, _CACHE.get(run.config), callbacks=cbs, record_stats=False)
-    except FloatingPointError as err:  # name the cell; the finished ones are in the log
-        raise FloatingPointError(
-            f"{_run_label(run)}: {err} (the cells finished before it are kept in {log}; leave "
-            "this cell out with --methods, --seeds or --sweep to go on)"
-        ) from err
+    result = run_once(run.config, _CACHE.get(run.config), callbacks=cbs, record_stats=False)
     result["results"]["domain_stats"] = stats.data
     rec = run_record(run, result, code)
     rec["inputs"] = inputs
-    append_jsonl(log, rec)
     return rec
-
-
-def _worker_init(threads: int) -> None:
-    from threadpoolctl import threadpool_limits
-
-    from eada.threads import set_threads
-
-    set_threads(threads)
-    threadpool_limits(limits=threads)  # BLAS pools a forked worker inherits from the parent
-    _die_with_parent()
-
-
-def _die_with_parent() -> None:
-    """On Linux, a worker ends when the ``eada bench`` process is killed (``SIGKILL``
-    included) instead of living on as an orphan: the grid resumes from ``runs.jsonl``."""
-    import multiprocessing
-    import signal
-
-    parent = multiprocessing.parent_process()
-    if not sys.platform.startswith("linux") or parent is None:
-        return
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # no prctl here: as before (an orphan may live on)
-        return
-    if os.getppid() != parent.pid:  # the parent died before prctl
-        os._exit(1)
 
 
 #: What every run imports on first use (the first ``torch.optim`` optimizer imports
@@ -481,82 +655,30 @@ RUN_MODULES = (
 )
 
 
-def worker_start_method(threads: int) -> str:
-    """How ``eada bench --jobs`` starts its workers: ``"fork"`` on Linux without CUDA when each
-    worker runs one thread (the default), else ``"spawn"``.
-
-    A forked worker starts in milliseconds with the parent's imports (torch, eada,
-    :data:`RUN_MODULES`); a spawned one imports them again (~2-4 s a worker, against runs of
-    ~1 s in a grid of small runs). With one thread a worker never enters an OpenMP parallel
-    region, so an OpenMP pool of the parent (which does not survive a fork) is never used.
-    With more threads, with CUDA (a CUDA context does not survive a fork either) and where
-    fork is not the platform's safe default (macOS, Windows), the workers are spawned."""
-    import multiprocessing
-
-    if threads == 1 and sys.platform.startswith("linux") and not torch.cuda.is_available():
-        if "fork" in multiprocessing.get_all_start_methods():
-            return "fork"
-    return "spawn"
-
-
-def _run_parallel(
-    todo: list[GridRun],
-    log: Path,
-    code: dict[str, Any],
+def make_executor(
     jobs: int,
-    threads: int,
-    progress: Callable[[str], None] | None,
-) -> list[dict[str, Any]]:
-    """Run ``todo`` in ``jobs`` worker processes (:func:`worker_start_method`, ``threads``
-    threads each; a worker takes run after run and keeps its last task loaded); every worker
-    appends its own records to ``log`` as each run finishes, so an interrupted grid resumes as
-    a sequential one does. A failing run stops the grid with its error once the runs already
-    started have finished."""
-    import importlib
-    import multiprocessing
-    import warnings
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    method = worker_start_method(threads)
-    if method == "fork":
-        for name in RUN_MODULES:
-            importlib.import_module(name)
-    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update({k: str(threads) for k in names})  # inherited by the spawned workers
-    records: list[dict[str, Any]] = []
-    try:
-        with ProcessPoolExecutor(
-            max_workers=min(jobs, len(todo)),
-            mp_context=multiprocessing.get_context(method),
-            initializer=_worker_init,
-            initargs=(threads,),
-        ) as pool:
-            with warnings.catch_warnings():  # Python >= 3.12 warns of any thread (BLAS pools)
-                warnings.filterwarnings("ignore", "This process .* use of fork", DeprecationWarning)
-                pending = {pool.submit(_run_and_append, run, log, code): run for run in todo}
-            if progress:
-                n = min(jobs, len(todo))
-                progress(f"{len(todo)} runs in {n} {method}ed processes, {threads} thread(s) each")
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)  # progress per run
-                for fut in finished:
-                    run = pending.pop(fut)
-                    err = fut.exception()
-                    if err is not None:
-                        for other in pending:
-                            other.cancel()
-                        raise err
-                    records.append(fut.result())
-                    if progress:
-                        progress(f"[{len(records)}/{len(todo)}] done: {_run_label(run)}")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    return records
+    threads: int = 1,
+    *,
+    devices: list[int] | None = None,
+    runs_per_device: int | None = None,
+    retries: int = 0,
+    dask: str | None = None,
+) -> Executor:
+    """The executor of ``eada bench``'s options: Dask (``dask``: a scheduler address), else
+    ``jobs`` local workers each given its GPU (:func:`~eada.executors.assign_devices`), else
+    in-process (``jobs == 1`` without ``devices``)."""
+    if dask:
+        if devices is not None or runs_per_device is not None:
+            raise ConfigError("--devices and --runs-per-device are for local workers, not --dask")
+        return DaskExecutor(dask, retries=retries)
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if runs_per_device is not None and runs_per_device < 1:
+        raise ConfigError(f"--runs-per-device must be >= 1, got {runs_per_device}")
+    slots = assign_devices(jobs, devices, runs_per_device)
+    if jobs == 1 and devices is None and not retries:
+        return InProcessExecutor()
+    return LocalProcessExecutor(jobs, threads, slots, retries=retries, preload=RUN_MODULES)
 
 
 # -- tables --------------------------------------------------------------------------------------
@@ -791,10 +913,39 @@ def add_parser(sub: Any) -> None:
     b.add_argument(
         "--jobs",
         type=int,
-        default=1,
+        default=None,
         metavar="N",
-        help="run the grid in N processes with one thread each (--threads to change), appending "
-        "to runs.jsonl safely; resumable as with one process (default 1)",
+        help="run the grid in N local worker processes with one thread each (--threads to "
+        "change), each given its own GPU round-robin (CUDA_VISIBLE_DEVICES) where there are "
+        "GPUs; resumable as with one process (default 1, or GPUs x --runs-per-device)",
+    )
+    b.add_argument(
+        "--devices",
+        default=None,
+        metavar="I,J,...",
+        help="the GPUs the workers use, as cuda:N counts them (default: every visible GPU)",
+    )
+    b.add_argument(
+        "--runs-per-device",
+        type=int,
+        default=None,
+        metavar="K",
+        help="workers sharing one GPU (small runs); without --jobs: GPUs x K workers",
+    )
+    b.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        metavar="K",
+        help="start a run again up to K times when its worker died under it (an error in the "
+        "run itself is recorded, never retried; default 0)",
+    )
+    b.add_argument(
+        "--dask",
+        default=None,
+        metavar="ADDRESS",
+        help="run every run as a task on a Dask distributed cluster, e.g. tcp://HOST:8786 "
+        "(needs the cluster extra; the data paths must exist on the workers)",
     )
     from eada.threads import add_threads_argument
 
@@ -856,18 +1007,69 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 print(("done " if r.key in done else "todo ") + r.key)
             print(f"{len(runs)} runs, {sum(r.key in done for r in runs)} done; configs valid")
             return 0
-        if args.jobs < 1:
-            raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+        threads = args.threads or 1
+        executor = make_executor(
+            _jobs(args),
+            threads,
+            devices=_device_list(args.devices),
+            runs_per_device=args.runs_per_device,
+            retries=_retries(args.retries),
+            dask=args.dask,
+        )
+        failed: list[dict[str, Any]] = []
         records = run_grid(
             runs,
             out,
             progress=log,
             max_runs=args.max_runs,
-            jobs=args.jobs,
-            threads=args.threads or 1,
+            jobs=_jobs(args),
+            threads=threads,
+            executor=executor,
+            failed=failed,
+            bar=sys.stderr.isatty(),
         )
-    tables = {fmt: render_tables(records, fmt) for fmt in ("md", "latex")}
+        if failed:
+            if records:
+                _write_tables(records, out, args.format)
+            log(failure_summary(failed, len(runs)))
+            return 1
+    _write_tables(records, out, args.format)
+    return 0
+
+
+def _write_tables(records: list[dict[str, Any]], out: Path, fmt: str) -> None:
+    tables = {f: render_tables(records, f) for f in ("md", "latex")}
     (out / "tables.md").write_text(tables["md"] + "\n")
     (out / "tables.tex").write_text(tables["latex"] + "\n")
-    print(tables[args.format])
-    return 0
+    print(tables[fmt])
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    """``--jobs``, or GPUs x ``--runs-per-device`` without it, else 1."""
+    if args.jobs is not None:
+        return int(args.jobs)
+    if args.runs_per_device is not None and not args.dask:
+        from eada.executors import visible_gpus
+
+        devices = _device_list(args.devices)
+        n = len(devices) if devices is not None else len(visible_gpus())
+        return max(1, n * max(1, args.runs_per_device))
+    return 1
+
+
+def _device_list(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        out = [int(t) for t in _split(text)]
+    except ValueError:
+        raise ConfigError(f"--devices {text!r}: give GPU numbers, e.g. 0,2,3") from None
+    if not out:
+        raise ConfigError("--devices names no GPU")
+    return out
+
+
+def _retries(n: int) -> int:
+    if n < 0:
+        raise ConfigError(f"--retries must be >= 0, got {n}")
+    return n

@@ -405,13 +405,32 @@ def find_jsonl(root: Path, pattern: str = "**/runs.jsonl") -> list[Path]:
     return sorted(found)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+#: The ``status`` of a line of ``eada bench`` for a run that did not finish: it raised
+#: (``"failed"``) or its worker died (``"lost"``). Such a line holds no results.
+UNFINISHED = ("failed", "lost")
+
+
+def is_finished(record: dict[str, Any]) -> bool:
+    """Whether a run record holds a finished run (no ``status`` of :data:`UNFINISHED`).
+
+    >>> is_finished({"key": "k", "final": {}}), is_finished({"key": "k", "status": "failed"})
+    (True, False)
+    """
+    return record.get("status") not in UNFINISHED
+
+
+def read_jsonl(path: Path, unfinished: bool = False) -> list[dict[str, Any]]:
     """All records of a JSON-lines log; a torn last line (a killed writer) is ignored.
 
     A log may be stored compressed: ``runs.jsonl.xz`` (the committed results under
     ``benchmarks/results/`` are, to keep the repository light) is read first, then any plain
     ``runs.jsonl`` beside it (runs appended since, e.g. a resumed grid), so both forms read as
     one log.
+
+    Args:
+        path: the log (``runs.jsonl``; neither form there: no records).
+        unfinished: also return the lines of runs that failed or were lost
+            (:func:`is_finished`); every table, report and resume reads finished runs only.
 
     Example:
         >>> import lzma, tempfile
@@ -431,23 +450,27 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             text = lzma.decompress(packed.read_bytes()).decode()
         except lzma.LZMAError as err:
             raise ValueError(f"{packed}: not a readable xz file ({err})") from None
-        out += _parse_jsonl(packed, text.splitlines(), torn_ok=False)
+        out += _parse_jsonl(packed, text.splitlines(), False, unfinished)
     if path.exists():
-        out += _parse_jsonl(path, path.read_text().splitlines(), torn_ok=True)
+        out += _parse_jsonl(path, path.read_text().splitlines(), True, unfinished)
     return out
 
 
-def _parse_jsonl(path: Path, lines: list[str], torn_ok: bool) -> list[dict[str, Any]]:
+def _parse_jsonl(
+    path: Path, lines: list[str], torn_ok: bool, unfinished: bool
+) -> list[dict[str, Any]]:
     out = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             if torn_ok and i == len(lines) - 1:
                 break
             raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
+        if unfinished or not isinstance(rec, dict) or is_finished(rec):
+            out.append(rec)
     return out
 
 
