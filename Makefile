@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_INDEX ?=
-EXTRAS ?= dev,images,features,fast,docs
+EXTRAS ?= dev,images,features,fast,docs,cluster
 
 .PHONY: setup demo test lint docs bench-digits
 

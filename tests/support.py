@@ -104,3 +104,26 @@ def lite0_config(
     path = folder / "C.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def surf_task(folder: Path, name: str, lr: float = 0.1, epochs: int = 2) -> str:
+    """A tiny Office-Caltech10 SURF task (Caltech10 -> amazon, an MLP of 32 hidden units,
+    ``epochs`` epochs, one round) as a YAML file in ``folder``; its path. Skips the test where
+    ``../shared/data`` is absent. ``lr=1e30`` makes a task whose training diverges."""
+    import pytest
+
+    root = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "office_caltech10_surf"
+    if not root.is_dir():
+        pytest.skip(f"real data not found at {root}")
+    path = folder / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\nseed: 0\n"
+        f"data:\n  kind: features\n  source: {root}/Caltech10_SURF_L10.mat\n"
+        f"  target: {root}/amazon_SURF_L10.mat\n  features_key: fts\n  labels_key: labels\n"
+        "  normalize: l1_zscore\n"
+        "model:\n  name: mlp\n  hidden: [32]\n"
+        f"optim:\n  name: adadelta\n  lr: {lr}\n"
+        f"train:\n  epochs: {epochs}\n  batch_size: 32\n"
+        "active:\n  strategy: eada\n  rounds_at: [1]\n  budget_per_round: 0.01\n"
+    )
+    return str(path)

@@ -113,20 +113,33 @@ def test_changed_config_for_a_stored_run_is_an_error(tmp_path: Path) -> None:
         bench.run_grid(changed, tmp_path)
 
 
-def test_a_diverging_cell_is_a_clear_error_naming_it(tmp_path: Path, capsys) -> None:
-    """A run whose training stops being finite ends the grid with one `error:` line naming the
-    cell (exit 2), after the cells before it were stored; not an 'unexpected ... bug' report."""
+def test_a_diverging_cell_is_recorded_as_failed_and_the_grid_goes_on(
+    tmp_path: Path, capsys
+) -> None:
+    """A run whose training stops being finite is recorded as failed (its error, the tail of
+    its traceback, where it ran), the cells after it still run, a summary names it and the exit
+    status is 1; not an 'unexpected ... bug' report. The same command again retries it only."""
     from eada.cli import main
 
     tiny = [a for o in TINY for a in ("--set", o)]
-    code = main(["bench", "toy", "--methods", "random", "--seeds", "0", "--out", str(tmp_path),
-                 "--jobs", "1", *tiny, "--set", "optim.name=sgd",
-                 "--sweep", "optim.lr=0.1,1e38"])  # fmt: skip
+    args = ["bench", "toy", "--methods", "random", "--seeds", "0", "--out", str(tmp_path),
+            "--jobs", "1", *tiny, "--set", "optim.name=sgd",
+            "--sweep", "optim.lr=1e38,0.1"]  # fmt: skip
+    code = main(args)
     err = capsys.readouterr().err
-    assert code == 2, err
-    assert "error: training diverged: toy / random [lr=1e38] / seed 0: non-finite" in err, err
-    assert len(read_jsonl(tmp_path / "runs.jsonl")) == 1  # the lr=0.1 cell, stored
+    assert code == 1, err
+    assert "1 of 2 runs failed" in err, err
+    assert "toy / random [lr=1e38] / seed 0: failed: FloatingPointError: " in err, err
     assert "bug in eada" not in err
+    assert len(read_jsonl(tmp_path / "runs.jsonl")) == 1  # the lr=0.1 cell, after it
+    bad = read_jsonl(tmp_path / "runs.jsonl", unfinished=True)[0]
+    assert bad["status"] == "failed" and bad["error_type"] == "FloatingPointError"
+    assert "non-finite" in bad["error"] and "FloatingPointError" in bad["traceback"]
+    assert bad["worker"]["address"] == f"local:{os.getpid()}" and bad["worker"]["host"]
+    assert main(args) == 1  # retried (and fails again); the finished cell is reused
+    err = capsys.readouterr().err
+    assert "reused 1 run " in err and err.count("seed 0") == 2  # its progress line + summary
+    assert len(read_jsonl(tmp_path / "runs.jsonl", unfinished=True)) == 3
 
 
 def test_target_supervised_trains_on_every_target_label(tmp_path: Path) -> None:

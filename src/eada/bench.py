@@ -57,6 +57,7 @@ from eada.executors import (
     LocalProcessExecutor,
     Outcome,
     assign_devices,
+    worker_device,
 )
 from eada.executors import worker_start_method as worker_start_method  # re-exported
 from eada.hparams import REFERENCE_METHODS, method_label, variant_label
@@ -436,7 +437,10 @@ def run_grid(
             run = by_key[outcome.job.key]
             if outcome.status == "ok":
                 assert outcome.value is not None
-                rec = {**outcome.value, "worker": _where(outcome), "timing": outcome.timing()}
+                rec = dict(outcome.value)
+                ran_on = _where(outcome)
+                ran_on["device"] = rec.pop("worker_device", ran_on["device"])
+                rec.update(worker=ran_on, timing=outcome.timing())
                 if outcome.attempts > 1:
                     rec["attempts"] = outcome.attempts
                 append_jsonl(log, rec)
@@ -532,7 +536,9 @@ class _Progress:
     line per finished run (``[3/12] ok 4.1 s: task / method / seed 0 (worker)``), never
     wrapped."""
 
-    def __init__(self, total: int, sink: Callable[[str], None] | None, bar: bool) -> None:
+    def __init__(
+        self, total: int, sink: Callable[[str], None] | None, bar: bool, console: Any = None
+    ) -> None:
         self.total, self.sink, self.n = total, sink, 0
         self.bar: Any = None
         if bar and total:
@@ -554,7 +560,7 @@ class _Progress:
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
-                console=Console(stderr=True),
+                console=console or Console(stderr=True),
                 transient=False,
             )
             self.task = self.bar.add_task("grid", total=total, failed=0)
@@ -638,6 +644,10 @@ def _grid_job(run: GridRun, code: dict[str, Any], threads: int | None = None) ->
     result["results"]["domain_stats"] = stats.data
     rec = run_record(run, result, code)
     rec["inputs"] = inputs
+    from eada.train.loop import resolve_device
+
+    on_cpu = resolve_device(run.config.device).type == "cpu"
+    rec["worker_device"] = "cpu" if on_cpu else worker_device()  # the record's worker.device
     return rec
 
 

@@ -124,18 +124,14 @@ class Executor(Protocol):
 
 
 # -- the worker side (the same in every executor) -----------------------------------------------
-_ASSIGNED_DEVICE: str | None = None  # the GPU a local worker was given (CUDA_VISIBLE_DEVICES)
-
-
 def worker_device() -> str:
-    """The device this process's jobs use: ``"cuda:<physical GPU>"`` (the first id of
-    ``CUDA_VISIBLE_DEVICES``, else 0) where CUDA is available or a GPU was assigned to this
-    worker, else ``"cpu"``."""
+    """The GPU this process's jobs would use: ``"cuda:<physical GPU>"`` (the first id of
+    ``CUDA_VISIBLE_DEVICES``, else 0) where CUDA is available, else ``"cpu"``."""
     import torch
 
-    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if _ASSIGNED_DEVICE is None and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         return "cpu"
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     first = (cvd or "0").split(",")[0].strip() or "0"
     return f"cuda:{first}"
 
@@ -343,11 +339,9 @@ def _die_with_parent() -> None:
 def _worker_main(conn: Any, threads: int, device: str | None) -> None:  # pragma: no cover
     """A local worker: its own ``CUDA_VISIBLE_DEVICES`` before anything touches CUDA, Ctrl-C
     left to the parent (which lets the running job end), then job after job from ``conn``."""
-    global _ASSIGNED_DEVICE
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = device
-        _ASSIGNED_DEVICE = device
     _die_with_parent()
     from threadpoolctl import threadpool_limits
 
@@ -574,7 +568,7 @@ class DaskExecutor:
             queue = deque(jobs)
             attempts: dict[str, int] = {}
             inflight: dict[Any, tuple[Job, float]] = {}
-            done = as_completed()
+            done = as_completed(loop=client.loop)
 
             def submit_more() -> None:
                 while queue and len(inflight) < slots and not self._stopped:
@@ -611,3 +605,123 @@ class DaskExecutor:
                 submit_more()
         finally:
             client.close()
+
+
+class LoopbackCluster:
+    """A Dask cluster on this machine for tests and benchmarks: ``dask scheduler`` and
+    ``workers`` x ``dask worker --no-nanny`` as separate processes, every port on 127.0.0.1
+    (free ports chosen by the system, no dashboard), stopped by their process ids.
+    ``preload``: modules each worker imports before it joins (``dask worker --preload``), so
+    the first task does not pay for them.
+
+    Example::
+
+        with LoopbackCluster(2) as cluster:
+            run_grid(runs, out, executor=DaskExecutor(cluster.address))
+
+    Attributes:
+        address: the scheduler's address (``tcp://127.0.0.1:PORT``).
+        workers: worker address -> its ``subprocess.Popen``.
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        threads: int = 1,
+        folder: str | None = None,
+        timeout: float = 120,
+        preload: Sequence[str] = (),
+    ) -> None:
+        self.n_workers, self.threads, self.timeout = workers, threads, timeout
+        self.preload = tuple(preload)
+        self.folder = folder
+        self.address = ""
+        self.scheduler: Any = None
+        self.workers: dict[str, Any] = {}
+        self._procs: list[Any] = []
+
+    def start(self) -> LoopbackCluster:
+        """Start the scheduler and the workers; return when every worker has joined."""
+        import json
+        import subprocess
+        import tempfile
+
+        folder = self.folder or tempfile.mkdtemp(prefix="eada-dask-")
+        self._tmp = None if self.folder else folder
+        sched_file = os.path.join(folder, "scheduler.json")
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(self.threads),
+            "MKL_NUM_THREADS": str(self.threads),
+            "OPENBLAS_NUM_THREADS": str(self.threads),
+            "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+        }
+        dask = [sys.executable, "-m", "dask", "scheduler"]  # the `dask scheduler` command
+        log = open(os.path.join(folder, "scheduler.log"), "wb")
+        self.scheduler = subprocess.Popen(
+            [*dask, "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+             "--scheduler-file", sched_file],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
+        )  # fmt: skip
+        self._procs.append((self.scheduler, log))
+        deadline = time.time() + self.timeout
+        while not os.path.exists(sched_file):
+            if self.scheduler.poll() is not None or time.time() > deadline:
+                self.stop()
+                raise RuntimeError(f"dask scheduler did not start (see {folder}/scheduler.log)")
+            time.sleep(0.05)
+        time.sleep(0.05)
+        self.address = json.loads(open(sched_file).read())["address"]
+        worker = [sys.executable, "-m", "dask", "worker"]
+        procs = []
+        for i in range(self.n_workers):
+            wlog = open(os.path.join(folder, f"worker{i}.log"), "wb")
+            p = subprocess.Popen(
+                [*worker, self.address, "--host", "127.0.0.1", "--no-nanny", "--nthreads",
+                 str(self.threads), "--no-dashboard", "--memory-limit", "0",
+                 "--name", f"w{i}", *(a for m in self.preload for a in ("--preload", m))],
+                env=env, stdout=wlog, stderr=subprocess.STDOUT, cwd=os.getcwd(),
+            )  # fmt: skip
+            self._procs.append((p, wlog))
+            procs.append(p)
+        from distributed import Client
+
+        with Client(self.address, timeout=self.timeout, set_as_default=False) as client:
+            client.wait_for_workers(self.n_workers, timeout=self.timeout)
+            info = client.scheduler_info()["workers"]
+            pids = {w["pid"]: addr for addr, w in info.items() if "pid" in w}
+            if len(pids) != self.n_workers:  # older schedulers: ask the workers
+                pids = {v: k for k, v in client.run(os.getpid).items()}
+        self.workers = {pids[p.pid]: p for p in procs}
+        return self
+
+    def kill_worker(self, address: str) -> None:
+        """SIGKILL one worker (a worker lost mid-run)."""
+        proc = self.workers.pop(address)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def stop(self) -> None:
+        """Stop every process this cluster started, by its id (workers first)."""
+        import shutil
+        import subprocess
+
+        for proc, log in reversed(self._procs):  # workers hold nothing to save: SIGKILL
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM if proc is self.scheduler else signal.SIGKILL)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            log.close()
+        self._procs.clear()
+        tmp = getattr(self, "_tmp", None)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def __enter__(self) -> LoopbackCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
