@@ -423,12 +423,12 @@ def run_grid(
         for r in todo
     ]
     if progress and todo and not isinstance(executor, InProcessExecutor):
-        where = (
-            f"{executor.workers if isinstance(executor, LocalProcessExecutor) else 'the'} "
-            f"{executor.name}"
-        )
         if isinstance(executor, DaskExecutor):
-            where += f" at {executor.address}"
+            where = f"the Dask cluster at {executor.address}"
+        elif isinstance(executor, LocalProcessExecutor):
+            where = f"{min(executor.workers, len(todo))} local worker processes"
+        else:
+            where = str(executor.name)
         progress(f"{len(todo)} runs on {where}, {threads} thread(s) each")
     tracker = _Progress(len(todo), progress, bar)
     n_failed = 0

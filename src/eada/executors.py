@@ -181,6 +181,16 @@ def call_job(fn: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> dict[s
     return {"ok": True, "value": value, "worker": info, "started": started, "finished": time.time()}
 
 
+def call_pickled(blob: bytes) -> dict[str, Any]:
+    """:func:`call_job` of a pickled ``(fn, args)``: a Dask task is this function (which
+    imports nothing heavy) and bytes, so the scheduler, which unpickles every task it is given,
+    never imports torch or the job's modules (a first task once waited ~10 s for that)."""
+    import pickle
+
+    fn, args = pickle.loads(blob)
+    return call_job(fn, args)
+
+
 def _outcome(job: Job, res: dict[str, Any], submitted: float, attempts: int) -> Outcome:
     if res["ok"]:
         return Outcome(
@@ -454,6 +464,10 @@ class LocalProcessExecutor:
                     if slot.job is None and queue and not self._stopped:
                         job = queue.popleft()
                         attempts[job.key] = attempts.get(job.key, 0) + 1
+                        if not slot.proc.is_alive():  # it died while idle: a fresh one
+                            slot.proc.join()
+                            slot.conn.close()
+                            start(slot)
                         slot.job, slot.submitted = job, time.time()
                         slot.conn.send((job.fn, job.args))
                 busy = [s for s in slots if s.job is not None]
@@ -550,6 +564,8 @@ class DaskExecutor:
             raise ExecutorError(
                 "--dask needs the distributed package: pip install 'eada[cluster]'"
             ) from err
+        import pickle
+
         from distributed.scheduler import KilledWorker
 
         if not jobs:
@@ -575,7 +591,8 @@ class DaskExecutor:
                     job = queue.popleft()
                     attempts[job.key] = attempts.get(job.key, 0) + 1
                     resources = {"GPU": 1} if job.gpu and gpu_declared else None
-                    fut = client.submit(call_job, job.fn, job.args, pure=False, resources=resources)
+                    blob = pickle.dumps((job.fn, job.args))
+                    fut = client.submit(call_pickled, blob, pure=False, resources=resources)
                     inflight[fut.key] = (job, time.time())
                     done.add(fut)
 
@@ -647,6 +664,7 @@ class LoopbackCluster:
         import tempfile
 
         folder = self.folder or tempfile.mkdtemp(prefix="eada-dask-")
+        os.makedirs(folder, exist_ok=True)
         self._tmp = None if self.folder else folder
         sched_file = os.path.join(folder, "scheduler.json")
         env = {
