@@ -43,8 +43,17 @@ def test_devices_round_robin_through_the_parents_visible_gpus(
         assign_devices(5, devices=[1, 3], runs_per_device=2)
     with pytest.raises(ExecutorError, match=r"--devices 0,4: no GPU 4 here \(4 visible: 4,5,6,7"):
         assign_devices(2, devices=[0, 4])
+    import argparse
+
+    def jobs(**kw: object) -> int:
+        opts = {"jobs": None, "runs_per_device": None, "devices": None, "dask": None, **kw}
+        return bench._jobs(argparse.Namespace(**opts))
+
+    assert jobs() == 1 and jobs(jobs=3) == 3
+    assert jobs(runs_per_device=2) == 8 and jobs(runs_per_device=2, devices="0,3") == 4
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert assign_devices(2) == [None, None]  # no GPU: the workers' environment is left alone
+    assert jobs(runs_per_device=2) == 1
 
 
 @LINUX

@@ -15,6 +15,7 @@ so another backend (Slurm, Ray) is one more class with the same ``run`` and ``st
   ``CUDA_VISIBLE_DEVICES`` (:func:`assign_devices`), replaced when one dies.
 * :class:`DaskExecutor`: tasks on an existing Dask distributed cluster (``--dask ADDRESS``);
   ``distributed`` is imported only there, so ``import eada`` never loads it.
+  :class:`LoopbackCluster` starts a small one on 127.0.0.1 (tests, benchmarks).
 
 :meth:`Executor.stop` (the first Ctrl-C of ``eada bench``) stops submitting: the running jobs
 end and are yielded, the queued ones are not started.
@@ -533,6 +534,19 @@ class LocalProcessExecutor:
 
 
 # -- Dask distributed ----------------------------------------------------------------------------
+def task_resources(job: Job, workers: dict[str, Any]) -> dict[str, int] | None:
+    """The Dask resources a job asks for: one ``GPU`` for a GPU job when any worker declares
+    ``GPU`` resources (``workers``: the scheduler's ``{address: info}``), else none.
+
+    >>> task_resources(Job("k", dict, gpu=True), {"tcp://a:1": {"resources": {"GPU": 1}}})
+    {'GPU': 1}
+    >>> task_resources(Job("k", dict, gpu=True), {"tcp://a:1": {"resources": {}}}) is None
+    True
+    """
+    declared = any("GPU" in (w.get("resources") or {}) for w in workers.values())
+    return {"GPU": 1} if job.gpu and declared else None
+
+
 class DaskExecutor:
     """Jobs as tasks on an existing Dask distributed cluster (``address``: its scheduler,
     e.g. ``tcp://127.0.0.1:8786``). At most as many tasks are submitted as the workers have
@@ -577,9 +591,7 @@ class DaskExecutor:
         try:
             info = client.scheduler_info()
             self.workers = sorted(info.get("workers", {}))
-            gpu_declared = any(
-                "GPU" in (w.get("resources") or {}) for w in info.get("workers", {}).values()
-            )
+            workers = info.get("workers", {})
             slots = max(1, sum(client.nthreads().values()))
             queue = deque(jobs)
             attempts: dict[str, int] = {}
@@ -590,7 +602,7 @@ class DaskExecutor:
                 while queue and len(inflight) < slots and not self._stopped:
                     job = queue.popleft()
                     attempts[job.key] = attempts.get(job.key, 0) + 1
-                    resources = {"GPU": 1} if job.gpu and gpu_declared else None
+                    resources = task_resources(job, workers)
                     blob = pickle.dumps((job.fn, job.args))
                     fut = client.submit(call_pickled, blob, pure=False, resources=resources)
                     inflight[fut.key] = (job, time.time())
