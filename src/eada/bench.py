@@ -20,7 +20,12 @@ deterministic on a fixed seed, ends with the same accuracy table. A run is known
 identity (a preset's name, a YAML file's resolved path: ``configs/x.yaml``, ``./configs/x.yaml``
 and its absolute path are one task), method, sweep variant and seed; a line whose config differs
 from the current grid's config for the same run is an error naming the keys (stale results; use
-another ``--out``). Tables (Markdown, LaTeX) are built from the lines only:
+another ``--out``). A run that raises gets a line too (``"status": "failed"``, its error and
+where it ran), the grid goes on, and the command exits with status 1 after listing the failed
+runs; the same command again tries them again. The runs execute in this process, in ``--jobs``
+local workers (one GPU each where there are GPUs: ``--devices``, ``--runs-per-device``) or on a
+Dask cluster (``--dask ADDRESS``), see :mod:`eada.executors`; this process alone appends the
+lines. Tables (Markdown, LaTeX) are built from the finished lines only:
 
 * accuracy (paper Tables 1-2): methods x tasks, final target accuracy mean +- std over seeds,
   plus the mean over tasks;
