@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -33,54 +34,94 @@ from torch import nn
 class LoadedModel:
     """An exported model ready to predict.
 
+    Warning:
+        ``net`` returns ENERGIES ``E(x, y)``, not logits: lower = more likely, so the predicted
+        class is ``argmin``, and ``argmax`` of ``net(x)`` picks the LEAST likely class. Use
+        :meth:`predict`, :meth:`probabilities` (``softmax(-tau E)``) or :meth:`logits`
+        (``-tau E``, where ``argmax`` and ``softmax`` mean what they usually do).
+
     Attributes:
         net: maps model-ready inputs to energies ``(B, C)`` (for image models: normalised
             image tensors; a frozen backbone is included in front of the head).
         classes: class names by output index.
         config: the project's resolved config (a dict).
         transform: for image models, the test view (PIL image -> tensor); else ``None``.
+        feature_statistics: for feature models, the target domain's normalisation
+            (``{"normalize", "mean", "std"}``, from ``model.json``): raw rows are normalised
+            with it; ``None`` for exports that predate it.
     """
 
     net: nn.Module
     classes: list[str]
     config: dict[str, Any]
     transform: Callable[[Any], torch.Tensor] | None = None
+    feature_statistics: dict[str, Any] | None = None
+
+    @property
+    def tau(self) -> float:
+        """The temperature of ``softmax(-tau E)`` (``train.tau``)."""
+        return float(self.config.get("train", {}).get("tau", 1.0))
 
     @torch.no_grad()
-    def energies(self, x: torch.Tensor, normalized: bool = False) -> torch.Tensor:
+    def energies(self, x: Any, normalized: bool = False) -> torch.Tensor:
         """Energies ``E(x, y)`` of a batch (lower = more likely); a NumPy array is taken too.
 
         Feature models trained with ``data.normalize``: ``l2`` is a per-row operation and is
-        applied here to raw rows. ``zscore`` / ``l1_zscore`` use a whole domain's statistics,
-        which one batch does not have: pass rows normalised that way over their whole domain
-        (:func:`eada.data.features.normalize_features`) and ``normalized=True``; raw rows are
-        refused rather than silently mispredicted.
+        applied here to raw rows; ``zscore`` / ``l1_zscore`` use a whole domain's statistics:
+        the target domain's, which ``model.json`` records (:attr:`feature_statistics`), are
+        applied to raw rows. Rows already normalised: ``normalized=True``. An export without
+        the statistics refuses raw rows rather than silently mispredicting them.
         """
         if not isinstance(x, torch.Tensor):
-            x = torch.as_tensor(x, dtype=torch.float32)
+            x = torch.as_tensor(np.asarray(x), dtype=torch.float32)
         how = self.config.get("data", {}).get("normalize", "none")
         if self.transform is None and not normalized and how != "none":
+            stats = self.feature_statistics
             if how == "l2":
                 x = torch.nn.functional.normalize(x.float(), dim=1)
+            elif stats is not None and "mean" in stats:
+                from eada.models.deploy import FeatureInput
+
+                x = FeatureInput(how, stats)(x.float())
             else:
                 raise ValueError(
                     f"this model was trained on features normalised with data.normalize={how!r} "
-                    "over each whole domain: normalise the rows the same way "
-                    "(eada.data.features.normalize_features over their domain) and pass "
-                    "normalized=True"
+                    "over each whole domain and its export has no statistics: normalise the "
+                    "rows the same way (eada.data.features.normalize_features over their "
+                    "domain) and pass normalized=True, or export the model again"
                 )
         self.net.eval()
         out: torch.Tensor = self.net(x)
         return out
 
-    def predict(self, x: torch.Tensor, normalized: bool = False) -> tuple[list[str], torch.Tensor]:
+    def logits(self, x: Any, normalized: bool = False) -> torch.Tensor:
+        """Logits ``-tau E(x, y)`` (higher = more likely): ``argmax`` is the prediction and
+        ``softmax`` the probabilities, as for an ordinary classifier.
+
+        ``normalized``: as in :meth:`energies`.
+
+        >>> m = LoadedModel(nn.Identity(), ["a", "b"], {"train": {"tau": 2.0}})
+        >>> m.logits(torch.tensor([[1.0, 3.0]])).tolist()
+        [[-2.0, -6.0]]
+        """
+        return -self.tau * self.energies(x, normalized=normalized)
+
+    def probabilities(self, x: Any, normalized: bool = False) -> torch.Tensor:
+        """Class probabilities ``softmax(-tau E)`` ``(B, C)``, rows summing to 1 (what
+        ``model.onnx`` outputs as ``probabilities``).
+
+        >>> m = LoadedModel(nn.Identity(), ["a", "b"], {"train": {"tau": 1.0}})
+        >>> m.probabilities(torch.tensor([[0.0, 0.0]])).tolist()
+        [[0.5, 0.5]]
+        """
+        return torch.softmax(self.logits(x, normalized=normalized), dim=1)
+
+    def predict(self, x: Any, normalized: bool = False) -> tuple[list[str], torch.Tensor]:
         """Predicted class names and their probabilities ``softmax(-tau E)``.
 
         ``normalized``: as in :meth:`energies` (feature rows already normalised as in training).
         """
-        tau = float(self.config.get("train", {}).get("tau", 1.0))
-        p = torch.softmax(-tau * self.energies(x, normalized=normalized), dim=1)
-        score, idx = p.max(dim=1)
+        score, idx = self.probabilities(x, normalized=normalized).max(dim=1)
         return [self.classes[int(i)] for i in idx], score
 
     def predict_files(self, paths: Sequence[str | Path]) -> list[dict[str, Any]]:
@@ -110,8 +151,8 @@ def load_model(path: str | Path) -> LoadedModel:
         FileNotFoundError: no ``model.json``/``model.pt`` there.
         ValueError: ``model.pt`` does not match the SHA-256 in ``model.json``.
     """
-    from eada.models.factory import build_model
     from eada.store.config import build_config
+    from eada.store.exports import inference_path
 
     folder = Path(path)
     if folder.name == "model.json":
@@ -127,33 +168,10 @@ def load_model(path: str | Path) -> LoadedModel:
         raise ValueError(f"{meta_file} predates eada.load_model (no input_shape); export again")
     cfg = build_config(meta["config"], str(meta_file))
     classes = list(meta["classes"])
-    images = cfg.data.kind == "images"
-    model_cfg = cfg.model
-    if images and not model_cfg.freeze_backbone:  # every weight comes from model.pt
-        model_cfg = model_cfg.model_copy(update={"weights": None})
-    net: nn.Module = build_model(model_cfg, tuple(meta["input_shape"]), len(classes))
-    net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    transform = None
-    if images:
-        from eada.data.image_tasks import backbone_normalization, transform_spec
-        from eada.data.transforms import build_transform
-
-        data: Any = cfg.data
-        norm = backbone_normalization(cfg.model, data.transforms.normalization)
-        if cfg.model.freeze_backbone:
-            from eada.models.backbones import build_backbone
-
-            bb = build_backbone(
-                cfg.model.backbone,
-                cfg.model.weights,
-                cfg.model.factory,
-                data.transforms.normalization,
-            )
-            norm = bb.normalization
-            net = nn.Sequential(bb.module, net)
-        transform = build_transform("test", transform_spec(data), norm)
-    net.eval()
-    return LoadedModel(net, classes, meta["config"], transform)
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+    stats = meta.get("feature_statistics")
+    path_ = inference_path(cfg, len(classes), tuple(meta["input_shape"]), state, stats)
+    return LoadedModel(path_.net.eval(), classes, meta["config"], path_.transform, stats)
 
 
 def create_project(

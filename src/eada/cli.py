@@ -361,6 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     from eada.store.cli import add_store_commands  # init, query, label import, train, ...
 
     add_store_commands(sub)
+    from eada.predict import add_predict_command
+
+    add_predict_command(sub)  # eada predict --model DIR INPUT... --out preds.csv
     _describe_commands(p)
     return p
 

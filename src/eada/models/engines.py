@@ -141,12 +141,23 @@ def export_key(module: nn.Module, input_shape: tuple[int, ...]) -> str:
     return h.hexdigest()
 
 
-def export_onnx(module: nn.Module, input_shape: tuple[int, ...], path: Path) -> Path:
-    """Export ``module`` (eval mode, batch axis dynamic) to ``path`` atomically."""
+def export_onnx(
+    module: nn.Module,
+    input_shape: tuple[int, ...],
+    path: Path,
+    example: torch.Tensor | None = None,
+    input_name: str = "images",
+    output_names: tuple[str, ...] = ("features",),
+) -> Path:
+    """Export ``module`` (eval mode, batch axis dynamic) to ``path`` atomically. ``example``:
+    the traced input (default: zeros of shape ``(2, *input_shape)``); ``input_name`` and
+    ``output_names`` name the graph's input and outputs."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_name(path)
     module = module.to("cpu").to(memory_format=torch.contiguous_format).eval()
-    example = torch.zeros(2, *input_shape)
+    if example is None:
+        example = torch.zeros(2, *input_shape)
+    axes = {name: {0: "batch"} for name in (input_name, *output_names)}
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
@@ -154,9 +165,9 @@ def export_onnx(module: nn.Module, input_shape: tuple[int, ...], path: Path) -> 
                 module,
                 (example,),
                 str(tmp),
-                input_names=["images"],
-                output_names=["features"],
-                dynamic_axes={"images": {0: "batch"}, "features": {0: "batch"}},
+                input_names=[input_name],
+                output_names=list(output_names),
+                dynamic_axes=axes,
                 opset_version=OPSET,
                 dynamo=False,
             )

@@ -52,7 +52,13 @@ from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import SETTABLE, StoreOptions, absolute_config, resolved_config
 from eada.store.data import confine, default_roots, load_project_data, row_hashes
 from eada.store.db import Store, StoreError, check_creatable, how
-from eada.store.exports import check_export_target, model_meta, predictions_csv, write_export
+from eada.store.exports import (
+    check_export_target,
+    model_meta,
+    onnx_export,
+    predictions_csv,
+    write_export,
+)
 from eada.store.labelfiles import ImportFileError, csv_safe
 from eada.store.labels import ImportValidationError
 from eada.store.pool import changes_note, scan_target
@@ -548,7 +554,10 @@ class Project(ProjectRounds):
         annotator's answer of every open dispute), ``votes.csv`` (every answer of every
         annotator, agreeing ones too: :func:`~eada.store.agreement.vote_rows`),
         ``model.pt`` (the last checkpoint's model weights, a plain ``state_dict``),
-        ``model.json`` (config, classes, SHA-256 of ``model.pt``) and ``predictions.csv``.
+        ``model.json`` (config, classes, SHA-256 of ``model.pt``), ``model.onnx`` (the whole
+        inference path for ONNX Runtime: raw rows or pixels in, probabilities and energies
+        out, class names in its metadata: :func:`~eada.store.exports.onnx_export`; left out
+        without the ``fast`` extra) and ``predictions.csv``.
 
         Everything is read in ONE read transaction (:meth:`Store.snapshot`), so the files
         agree with each other whatever commits meanwhile, then written into a staging folder
@@ -639,7 +648,20 @@ class Project(ProjectRounds):
                     **model_meta(self),
                 }
                 files["predictions.csv"] = predictions_csv(self, state["model"]).encode("utf-8")
-                files["model.json"] = json.dumps(meta, indent=1, default=str).encode("utf-8")
+        if "model.pt" in files and state is not None:  # the deployable model, outside the
+            # read transaction
+            data, info = onnx_export(
+                self.cfg,
+                self.classes,
+                tuple(meta["input_shape"]),
+                state["model"],
+                meta.get("feature_statistics"),
+            )
+            if data is not None:
+                files["model.onnx"] = data
+                info["sha256"] = hashlib.sha256(data).hexdigest()
+            meta["onnx"] = info
+            files["model.json"] = json.dumps(meta, indent=1, default=str).encode("utf-8")
         return write_export(out, files)
 
 
