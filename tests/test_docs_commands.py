@@ -176,6 +176,9 @@ def test_doc_commands_run_as_written(doc: str, workdir: Path) -> None:
             assert main(["run", redirect, "--dry-run"]) == 0  # the YAML it wrote runs
         if cmd == TABLE_ONLY:
             assert "mnist-usps" in buf.getvalue() and "toy" not in buf.getvalue()
+        if cmd.startswith("eada predict") and "--labels" in words:  # the own-images tours
+            acc = re.search(r"accuracy ([\d.]+)%", buf.getvalue())
+            assert acc and float(acc.group(1)) >= 80.0, buf.getvalue()
     assert ran
 
 

@@ -110,6 +110,9 @@ def add_data_commands(sub: Any) -> None:
         f, "torch threads of the extraction (default: OMP_NUM_THREADS if set, else all cores)"
     )
     f.set_defaults(func=_cmd_features)
+    from eada.data.unlabel import add_unlabel_commands
+
+    add_unlabel_commands(dsub)  # eada data unlabel / fill-labels
 
 
 def print_summary_extras(console: Console, summary: dict[str, Any]) -> None:
