@@ -248,3 +248,40 @@ def test_predict_refuses_bad_inputs_with_one_error_line(tmp_path: Path, capsys) 
     assert torch.equal(m.logits(x).argmax(1), e.argmin(1))
     assert torch.allclose(m.probabilities(x), torch.softmax(-0.5 * e, dim=1))
     assert torch.allclose(m.probabilities(x).sum(1), torch.ones(7))
+
+
+def test_an_export_the_onnx_exporter_cannot_do_keeps_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model the ONNX exporter fails on: `eada export` writes everything else, model.json
+    says why there is no model.onnx, and eada predict runs the PyTorch model (engine auto)."""
+    import yaml
+
+    import eada.models.deploy as deploy
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "s.npz", features=rng.normal(size=(24, 6)), labels=np.arange(24) % 3)
+    np.savez(tmp_path / "t.npz", features=rng.normal(size=(20, 6)), labels=np.arange(20) % 3)
+    raw = {
+        "data": {"kind": "features", "source": "s.npz", "target": "t.npz", "normalize": "zscore"},
+        "model": {"name": "mlp", "hidden": [8]},
+        "train": {"epochs": 2, "batch_size": 8},
+        "active": {"rounds_at": [1], "budget_per_round": 3},
+    }
+    (tmp_path / "F.yaml").write_text(yaml.safe_dump(raw))
+    store = ["--store", str(tmp_path / "P")]
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", *store, "--config", "F.yaml"]) == 0
+    assert main(["train", *store, "--epochs", "1"]) == 0
+
+    def fails(*a: object, **k: object) -> None:
+        raise RuntimeError("Exporting the operator 'aten::magic' is not supported\nmore")
+
+    monkeypatch.setattr(deploy, "onnx_model_bytes", fails)
+    assert main(["export", *store, "--out", "final"]) == 0
+    meta = json.loads((tmp_path / "final" / "model.json").read_text())
+    assert not (tmp_path / "final" / "model.onnx").exists()
+    assert "aten::magic" in meta["onnx"]["skipped"] and "more" not in meta["onnx"]["skipped"]
+    assert main(["predict", "--model", "final", "t.npz", "--out", "p.csv"]) == 0
+    with open(tmp_path / "p.csv", newline="") as fh:
+        assert len(list(csv.DictReader(fh))) == 20

@@ -202,6 +202,12 @@ def predict_rows(
 ) -> Iterator[dict[str, Any]]:
     """One dict a prediction (:data:`COLUMNS`), in input order. ``progress(done, total)``:
     after each batch (total: images plus feature files' rows, counted as they are read)."""
+    if predictor.kind == "other":
+        kind = predictor.cfg.data.kind
+        raise PredictInputError(
+            f"{predictor.folder}: this model takes model-ready tensors (a {kind} project), "
+            "not files: use eada.load_model(...).predict(x)"
+        )
     if any(i.kind == "image" for i in items) and predictor.kind != "images":
         first = next(i.path for i in items if i.kind == "image")
         raise PredictInputError(f"{first}: this model takes feature rows, not images")

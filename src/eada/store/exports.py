@@ -316,11 +316,9 @@ def onnx_export(
 ) -> tuple[bytes | None, dict[str, Any]]:
     """``model.onnx`` of an exported model (:mod:`eada.models.deploy`): the bytes, and what
     ``model.json`` records about it (input, preprocessing, the export check). Without the
-    ``onnx`` package: ``None`` and the reason.
-
-    Raises:
-        ValueError: the ONNX file's probabilities differ from eager PyTorch's.
-    """
+    ``onnx`` package, or when the exporter fails or its file's probabilities differ from eager
+    PyTorch's: ``None`` and the reason (``{"skipped": ...}``), and the rest of the export
+    stands."""
     from eada.models.deploy import InferenceNet, onnx_metadata, onnx_model_bytes
     from eada.models.engines import onnxruntime_available
 
@@ -331,8 +329,12 @@ def onnx_export(
     extra: dict[str, Any] = {"normalize": getattr(cfg.data, "normalize", "none")}
     meta = onnx_metadata(classes, tau, path.input_desc, path.preprocessing, extra)
     model = InferenceNet(path.prepare, path.net, tau)
-    with tempfile.TemporaryDirectory(prefix="eada-onnx-") as work:
-        data, check = onnx_model_bytes(model, path.example, path.input_name, meta, Path(work))
+    try:
+        with tempfile.TemporaryDirectory(prefix="eada-onnx-") as work:
+            data, check = onnx_model_bytes(model, path.example, path.input_name, meta, Path(work))
+    except Exception as err:  # an operator the exporter cannot do, or a file that is not exact:
+        first = (str(err).splitlines() or [""])[0]  # the rest of the export stands without it
+        return None, {"skipped": f"no usable ONNX export ({type(err).__name__}: {first})"}
     info = {
         "input": path.input_desc,
         "preprocessing": path.preprocessing,
