@@ -285,3 +285,45 @@ def test_an_export_the_onnx_exporter_cannot_do_keeps_the_rest(
     assert main(["predict", "--model", "final", "t.npz", "--out", "p.csv"]) == 0
     with open(tmp_path / "p.csv", newline="") as fh:
         assert len(list(csv.DictReader(fh))) == 20
+
+
+def test_unlabel_subset_and_fill_labels(tmp_path: Path, capsys) -> None:
+    """eada data unlabel: a flat folder of neutral names + the truth CSV; subset keeps class
+    folders; fill-labels fills a round CSV from the truth; bad input is one error line."""
+    src = tmp_path / "dom" / "images"
+    for c, n in (("cat", 3), ("dog", 2), ("emu", 1)):
+        (src / c).mkdir(parents=True)
+        for i in range(n):
+            (src / c / f"{c}{i}.jpg").write_bytes(b"x")
+    truth, flat = tmp_path / "truth.csv", tmp_path / "flat"
+    argv = ["data", "unlabel", str(tmp_path / "dom"), str(flat), "--truth", str(truth)]
+    assert main([*argv, "--classes", "dog,cat", "--per-class", "2"]) == 0
+    assert sorted(p.name for p in flat.iterdir()) == [f"img_000{i}.jpg" for i in range(4)]
+    with open(truth, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["label"] for r in rows] == ["dog", "dog", "cat", "cat"]
+    sub = tmp_path / "sub"
+    assert main(["data", "subset", str(tmp_path / "dom"), str(sub), "--per-class", "1"]) == 0
+    assert sorted(str(p.relative_to(sub)) for p in sub.rglob("*.jpg")) == [
+        "cat/cat0.jpg",
+        "dog/dog0.jpg",
+        "emu/emu0.jpg",
+    ]
+    round_csv = tmp_path / "round.csv"
+    round_csv.write_text(f"sample_id,path,label\n7,{flat / 'img_0002.jpg'},\n")
+    filled = tmp_path / "filled.csv"
+    args = ["data", "fill-labels", str(round_csv), "--truth", str(truth), "--out", str(filled)]
+    assert main(args) == 0
+    with open(filled, newline="") as fh:
+        assert [r["label"] for r in csv.DictReader(fh)] == ["cat"]
+    capsys.readouterr()
+    bad = [
+        ([*argv, "--classes", "yak"], "no class folder 'yak'"),
+        (argv, "not an empty folder"),
+        (["data", "unlabel", str(flat), str(tmp_path / "x"), "--truth", str(truth)], "no class"),
+        (["data", "fill-labels", str(truth), "--truth", str(truth), "--out", str(filled)], "path"),
+    ]
+    for a, message in bad:
+        assert main(a) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and message in err[0], err
