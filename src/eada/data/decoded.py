@@ -18,6 +18,13 @@ versions, so a second run, seed or method reads it without decoding; it is writt
 temporary name and renamed when complete. Its size is known before it fills (image headers
 give the shorter-side sizes) and is stated; a cache over ``data.decode_cache_mb`` or the free
 disk space is not built (a message says so) and the images are decoded per batch as before.
+
+A cache file is checked before a process first uses it: its size, and the SHA-256 of each
+:data:`BLOCK` bytes, written into its index when it was filled (:func:`verify_cache`; the
+blocks are hashed on several threads). A file that fails the check (truncated, bytes
+overwritten, an index of another format) is removed and filled again, with a warning naming
+it. The temporary files of fills whose process was killed are removed
+(:func:`remove_stale_fills`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import hashlib
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,7 +46,9 @@ from eada.data.transforms import TransformSpec, View
 
 Base = Literal["square", "shorter", "test"]
 BASES: tuple[Base, ...] = ("square", "shorter", "test")
-FORMAT = 1  # bump when the file layout or what a base holds changes
+FORMAT = 2  # bump when the file layout or what a base holds changes (2: block digests)
+BLOCK = 4 * 2**20  # bytes a digest covers
+_VERIFIED: set[tuple[str, int, int]] = set()  # (path, size, mtime_ns) checked by this process
 
 
 def base_of(kind: View, spec: TransformSpec) -> Base:
@@ -181,9 +191,90 @@ def _offsets(plan: CachePlan) -> dict[str, np.ndarray]:
 
 
 def cache_complete(plan: CachePlan, folder: Path) -> bool:
-    """Whether ``folder`` holds the complete cache of ``plan`` (its index is written last)."""
+    """Whether ``folder`` holds the complete cache of ``plan``: its index (written last) and
+    a data file of the planned size (the digests are checked by :func:`fill_cache`)."""
     path = folder / f"{plan.key}.u8"
-    return path.is_file() and path.with_suffix(".npz").is_file()
+    try:
+        return path.with_suffix(".npz").is_file() and path.stat().st_size == max(plan.nbytes, 1)
+    except OSError:
+        return False
+
+
+def block_digests(data: np.ndarray, threads: int = 1) -> np.ndarray:
+    """``(ceil(len / BLOCK), 32)`` uint8: the SHA-256 of each :data:`BLOCK` bytes of ``data``
+    (a flat uint8 array or memory map), hashed on ``threads`` threads (hashlib releases the
+    GIL on large buffers).
+
+    >>> block_digests(np.zeros(10, dtype=np.uint8)).shape
+    (1, 32)
+    """
+    n = max(1, -(-len(data) // BLOCK))
+
+    def one(k: int) -> bytes:
+        return hashlib.sha256(np.ascontiguousarray(data[k * BLOCK : (k + 1) * BLOCK]).data).digest()
+
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="eada-digest") as pool:
+        rows = list(pool.map(one, range(n)))
+    return np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(n, 32)
+
+
+def verify_cache(path: Path, threads: int = 1) -> str | None:
+    """What is wrong with the cache file ``path`` (its size or a block's SHA-256 differs from
+    what its index recorded at fill time, or the index is unreadable); ``None`` when it is
+    intact. A file already verified by this process (same size and modification time) is not
+    read again."""
+    try:
+        st = path.stat()
+        with np.load(path.with_suffix(".npz")) as idx:
+            if "digests" not in idx or "nbytes" not in idx:
+                return "its index holds no digests (an older cache format)"
+            digests, nbytes = idx["digests"], int(idx["nbytes"])
+    except (OSError, ValueError, KeyError) as err:
+        return f"its index cannot be read ({err})"
+    stamp = (str(path), st.st_size, st.st_mtime_ns)
+    if stamp in _VERIFIED:
+        return None
+    if st.st_size != max(nbytes, 1):
+        return f"{st.st_size:,} bytes where {max(nbytes, 1):,} were written"
+    data = np.memmap(path, dtype=np.uint8, mode="r", shape=(st.st_size,))
+    try:
+        got = block_digests(data, threads)
+    finally:
+        del data
+    if got.shape != digests.shape:
+        return "its index records another number of blocks"
+    bad = np.flatnonzero((got != digests).any(axis=1))
+    if len(bad):
+        return (
+            f"{len(bad)} of {len(got)} blocks differ from their SHA-256 at fill time "
+            f"(first at byte {int(bad[0]) * BLOCK:,})"
+        )
+    _VERIFIED.add(stamp)
+    return None
+
+
+def remove_stale_fills(folder: Path) -> list[Path]:
+    """Delete the temporary files (``.KEY.u8.PID.tmp`` and its ``.npz``) that fills killed
+    before they finished left in ``folder``; those of a live process stay. Returns them."""
+    from eada.runs import _alive
+
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    for f in folder.glob(".*.u8.*.tmp*"):
+        head, sep, tail = f.name.rpartition(".tmp")
+        pid = head.rsplit(".", 1)[-1]
+        if not sep or tail not in ("", ".npz") or not pid.isdigit():
+            continue
+        if int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        f.unlink(missing_ok=True)
+        removed.append(f)
+    return removed
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def fill_cache(
@@ -192,10 +283,15 @@ def fill_cache(
     threads: int = 1,
     progress: Callable[[str], None] | None = None,
     bad: dict[Path, str] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> DecodeCache | None:
     """The cache of ``plan`` in ``folder``: read when complete there, else every image decoded
     once (``threads`` threads: PIL releases the GIL while it decodes and resizes), written
     under a temporary name and renamed when complete.
+
+    A cache file already there is checked first (:func:`verify_cache`); a damaged one is
+    removed and filled again, ``say`` (default: a ``RuntimeWarning``) naming it. Temporary
+    files of killed fills in ``folder`` are removed (:func:`remove_stale_fills`).
 
     ``bad``: the data check's mode: a missing or undecodable image is recorded there (path ->
     the reason :func:`eada.data.images.find_bad_images` gives) instead of raising, every image
@@ -209,8 +305,15 @@ def fill_cache(
     from eada.runs import tmp_name
 
     path = folder / f"{plan.key}.u8"
-    if cache_complete(plan, folder):
-        return DecodeCache(path)
+    say = say or _warn
+    remove_stale_fills(folder)
+    if path.with_suffix(".npz").is_file() or path.is_file():
+        problem = verify_cache(path, threads)
+        if problem is None:
+            return DecodeCache(path)
+        say(f"decode cache {path} is damaged ({problem}); removing it and decoding again")
+        for f in (path.with_suffix(".npz"), path):
+            f.unlink(missing_ok=True)
     folder.mkdir(parents=True, exist_ok=True)
     offsets = _offsets(plan)
     tmp = tmp_name(path)
@@ -242,11 +345,15 @@ def fill_cache(
             return None
         arrays = {f"{b}_offsets": offsets[b] for b in plan.bases}
         arrays.update({f"{b}_shapes": plan.shapes[b] for b in plan.bases})
+        arrays["digests"] = block_digests(mm, threads)
+        arrays["nbytes"] = np.asarray(plan.nbytes, dtype=np.int64)
         idx_tmp = tmp.with_name(tmp.name + ".npz")
         with open(idx_tmp, "wb") as fh:
             np.savez(fh, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)
         os.replace(idx_tmp, path.with_suffix(".npz"))  # last: its presence = complete
+        st = path.stat()
+        _VERIFIED.add((str(path), st.st_size, st.st_mtime_ns))  # digests are of these bytes
     except BaseException:
         for f in (tmp, tmp.with_name(tmp.name + ".npz")):
             f.unlink(missing_ok=True)
@@ -288,7 +395,7 @@ def decode_caches(
     if say is not None:
         state = "read from" if need == 0 else f"{mib(need)} to decode into"
         say(f"decode cache: {mib(total)} ({parts}), {state} {folder}")
-    caches = [fill_cache(p, folder, threads) for p in plans]
+    caches = [fill_cache(p, folder, threads, say=say) for p in plans]
     return [c for c in caches if c is not None]
 
 
