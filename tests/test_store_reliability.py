@@ -228,7 +228,7 @@ def test_bad_label_files_are_one_clear_error(queried, capsys) -> None:
     big.write_text(json.dumps([{"sample_id": 1e20, "label": rows[0]["label"]}]))
     _refused(["label", "import", str(big), *s], folder, "sample_id 100000000000000000000", capsys)
     _write_csv(tmp / "big.csv", [{**rows[0], "sample_id": "-3"}])
-    _refused(["label", "import", str(tmp / "big.csv"), *s], folder, "out of range", capsys)
+    _refused(["label", "import", str(tmp / "big.csv"), *s], folder, "no sign", capsys)
     ls = tmp / "ls.json"
     ls.write_text(json.dumps([{"data": {"sample_id": 1}, "annotations": [{"result": [7]}]}]))
     assert main(["label", "import", str(ls), *s]) == 0  # no choice in it: nothing to import
@@ -315,7 +315,7 @@ def test_disk_full_leaves_no_temporary_file(queried, monkeypatch, capsys) -> Non
 
     monkeypatch.setattr(store_db.Store, "_connect", capped)
     f = folder.parent / "l.csv"
-    _write_csv(f, [{**r, "annotator": "x" * 20_000} for r in rows])
+    _write_csv(f, [{**r, "label": "", "skip": "x" * 20_000} for r in rows])  # a long reason
     _refused(["label", "import", str(f), "--store", str(folder)], folder, "free disk space", capsys)
 
 

@@ -210,6 +210,48 @@ def write_bytes_atomic(path: Path, data: bytes) -> Path:
     return path
 
 
+class _WriteRecorder:
+    """A binary file's ``write``/``flush`` that remembers the ``OSError`` a write raised."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self.fh.write(data))
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.fh.flush()
+        except OSError as err:
+            self.error = err
+            raise
+
+
+def write_through(path: Path, writer: Callable[[Any], None]) -> None:
+    """Create ``path`` and let ``writer`` write it (``lambda fh: torch.save(obj, fh)``), then
+    flush and fsync it. A write that fails (a full disk) raises its ``OSError`` naming
+    ``path``, even where ``writer`` turned it into another exception (``torch.save``'s zip
+    writer reports ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``)."""
+    rec: _WriteRecorder | None = None
+    try:
+        with open(path, "wb") as fh:
+            rec = _WriteRecorder(fh)
+            writer(rec)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as err:
+        raise named(err, path) from None
+    except Exception:
+        if rec is not None and rec.error is not None:
+            raise named(rec.error, path) from None
+        raise
+
+
 def write_json(path: Path, obj: Any) -> Path:
     """Write ``obj`` as indented JSON atomically (:func:`write_bytes_atomic`): a crash never
     leaves a half-written file behind, and concurrent writers never a mixed one."""

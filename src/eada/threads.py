@@ -181,3 +181,75 @@ def add_threads_argument(parser: argparse.ArgumentParser, help: str | None = Non
         or "threads for torch and the selection code (default: OMP_NUM_THREADS if set, else "
         "1 for a small model and all cores for a large one); recorded in meta.json",
     )
+
+
+def _cgroup_limit() -> tuple[int, str] | None:
+    """The memory limit of this process's cgroup (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``), ``None`` when there is none or it cannot be read."""
+    candidates = []
+    try:
+        for line in open("/proc/self/cgroup", encoding="utf-8").read().splitlines():
+            parts = line.split(":", 2)
+            if len(parts) == 3 and (parts[1] == "" or "memory" in parts[1].split(",")):
+                sub = parts[2].lstrip("/")
+                candidates += [
+                    f"/sys/fs/cgroup/{sub}/memory.max",
+                    f"/sys/fs/cgroup/memory/{sub}/memory.limit_in_bytes",
+                ]
+    except OSError:
+        pass
+    candidates += ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+    for path in candidates:
+        try:
+            text = open(path, encoding="utf-8").read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # v1 writes a huge number for "no limit"
+            return int(text), f"the cgroup memory limit ({path})"
+    return None
+
+
+def _proc_kib(field: str, path: str = "/proc/self/status") -> int | None:
+    try:
+        for line in open(path, encoding="utf-8"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_limit() -> tuple[int, str]:
+    """Bytes this process may still allocate, and which limit decides: the smallest of
+    physical RAM, the cgroup's memory limit (less this process's resident memory),
+    ``RLIMIT_AS`` (less its address space in use) and ``RLIMIT_DATA`` (less its data
+    segment), each as far as the system reports it.
+
+    >>> n, why = memory_limit()
+    >>> n > 0 and isinstance(why, str)
+    True
+    """
+    import resource
+
+    rss = _proc_kib("VmRSS") or 0
+    found: list[tuple[int, str]] = []
+    ram = _proc_kib("MemTotal", "/proc/meminfo")
+    if ram is None:
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            ram = None
+    if ram:
+        found.append((ram - rss, f"physical memory ({ram / 2**30:.1f} GiB)"))
+    cg = _cgroup_limit()
+    if cg is not None:
+        found.append((cg[0] - rss, f"{cg[1]}: {cg[0] / 2**30:.1f} GiB"))
+    for name, used_field in (("RLIMIT_AS", "VmSize"), ("RLIMIT_DATA", "VmData")):
+        soft = resource.getrlimit(getattr(resource, name))[0]
+        if soft != resource.RLIM_INFINITY:
+            used = _proc_kib(used_field) or 0
+            found.append((soft - used, f"{name} ({soft / 2**30:.1f} GiB, ulimit)"))
+    if not found:
+        return 2**62, "no limit found"
+    n, why = min(found)
+    return max(n, 0), why

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from eada.data.base import TensorDomain
+from eada.data.images import check_image_memory
 
 __all__ = [
     "DIGIT_DOMAINS",
@@ -351,6 +352,7 @@ def load_digits(
             images, labels = read_mnist_m(
                 root / "mnist_m" / _MNIST_M_FOLDER, root / "mnist_m" / _MNIST_M_LABELS
             )
+    check_image_memory(image_size, len(images), channels, 0, f"data.image_size of {name}")
     x = _to_tensor(images, image_size, channels)
     y = torch.from_numpy(labels.astype(np.int64))
     return TensorDomain(name, x, y, classes=list(_CLASSES))

@@ -29,7 +29,7 @@ from torch import nn
 from eada.config import path_origin
 from eada.data.base import TensorDomain
 from eada.models.engines import EngineName, FeatureEngine, feature_engine
-from eada.runs import tmp_name
+from eada.runs import tmp_name, write_through
 
 FEATURE_KEYS = ("features", "fts", "feas", "feats", "x", "X", "data")
 LABEL_KEYS = ("labels", "label", "y", "Y", "gt", "targets")
@@ -493,6 +493,10 @@ def save_cached_features(cache_dir: Path, key: str, feats: torch.Tensor) -> Path
     cache_dir.mkdir(parents=True, exist_ok=True)
     f = cache_dir / f"{key}.pt"
     tmp = tmp_name(f)
-    torch.save(feats, tmp)
-    tmp.replace(f)
+    try:
+        write_through(tmp, lambda fh: torch.save(feats, fh))
+        tmp.replace(f)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return f

@@ -41,6 +41,64 @@ class ImageDataError(ValueError):
     """Image input that cannot be used; the message lists every problem found."""
 
 
+class ImageSizeError(ValueError):
+    """An image size whose decoded images would not fit the memory this process may use."""
+
+
+#: float32 values a pixel of one training sample takes besides its input: its activations and
+#: their gradients in a small from-scratch network (LeNet's first convolution alone keeps 20
+#: channels at about the input's size), an estimate on the generous side
+ACTIVATIONS_PER_PIXEL = 64
+
+
+def image_memory(size: int, n_images: int, channels: int, batch_size: int) -> int:
+    """Bytes that decoding ``n_images`` images at ``size x size`` into float32 tensors and
+    training on a batch of ``batch_size`` of them need at least: the decoded tensors twice
+    (the list and the stacked copy), one image on its way through PIL and ``ToTensor``
+    (uint8 RGB, float32 RGB, the normalised copy) and the batch with its activations and
+    gradients (:data:`ACTIVATIONS_PER_PIXEL`).
+
+    >>> image_memory(32, 100, 3, 0)
+    2485248
+    """
+    per_pixel = 2 * n_images * channels * 4 + (3 + 12 + channels * 4)
+    per_pixel += batch_size * 4 * (channels + ACTIVATIONS_PER_PIXEL)
+    return size * size * per_pixel
+
+
+def check_image_memory(
+    size: int, n_images: int, channels: int, batch_size: int, what: str = "image_size"
+) -> None:
+    """Refuse ``size`` before anything is decoded when :func:`image_memory` exceeds what this
+    process may allocate (:func:`eada.threads.memory_limit`: physical memory, the cgroup
+    limit, ``RLIMIT_AS``/``RLIMIT_DATA``), naming the largest size that fits.
+
+    Raises:
+        ImageSizeError: naming ``what``, the size, the memory it needs, the limit and the
+            largest size that fits.
+    """
+    from eada.threads import memory_limit
+
+    need = image_memory(size, n_images, channels, batch_size)
+    avail, why = memory_limit()
+    if need <= avail:
+        return
+    per = image_memory(1, n_images, channels, batch_size)
+    largest = int((avail / per) ** 0.5)
+    while largest > 0 and image_memory(largest, n_images, channels, batch_size) > avail:
+        largest -= 1
+    hint = (
+        f"the largest image size that fits is {largest}"
+        if largest >= 1
+        else "no image size fits; use fewer images"
+    )
+    raise ImageSizeError(
+        f"{what} {size} is too large: {n_images:,} images of {size}x{size}x{channels} "
+        f"(float32) and a batch of {batch_size} need about {need / 2**30:,.1f} GiB, more than "
+        f"the {avail / 2**30:,.1f} GiB this process may use (limit: {why}); {hint}"
+    )
+
+
 @dataclass
 class ImageList:
     """The images of one domain: absolute paths, integer labels and the class map.

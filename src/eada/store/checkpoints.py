@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from eada.runs import tmp_name
+from eada.runs import tmp_name, write_through
 from eada.store.base import ProjectBase
 from eada.store.db import StoreError, now
 
@@ -48,10 +48,7 @@ def save_atomic(obj: Any, path: Path) -> None:
     """
     tmp = tmp_name(path)
     try:
-        with open(tmp, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_through(tmp, lambda fh: torch.save(obj, fh))  # a full disk: its OSError
         crash_point("checkpoint:tmp_written")
         os.replace(tmp, path)
     except BaseException as err:

@@ -28,16 +28,28 @@ from eada.config import (
 )
 from eada.store.roots import unsafe_document_root
 
+MAX_ANNOTATOR_CHARS = 320
+"""The longest annotator name: room for ``label-studio:`` and an e-mail address (at most 254
+characters); names are shown in ``eada status`` and the report, one a line."""
+
 
 def check_annotator(name: str, what: str = "--annotator") -> str:
-    """An annotator's name as given, or a :class:`ValueError` naming ``what`` when it is
-    empty or holds a control character (a newline would forge a line of ``eada status``).
+    """An annotator's name as given, or a :class:`ValueError` naming ``what`` when it is not
+    text, empty, longer than :data:`MAX_ANNOTATOR_CHARS` characters or holds a control
+    character (a newline would forge a line of ``eada status``).
 
     >>> check_annotator("alice")
     'alice'
     """
+    if not isinstance(name, str):
+        raise ValueError(f"{what}: an annotator's name must be text, got {type(name).__name__}")
     if not name.strip():
         raise ValueError(f"{what}: an annotator's name may not be empty")
+    if len(name) > MAX_ANNOTATOR_CHARS:
+        raise ValueError(
+            f"{what}: the annotator's name is {len(name):,} characters long, over the limit "
+            f"of {MAX_ANNOTATOR_CHARS} ({name[:40]!r}...)"
+        )
     bad = [c for c in name if ord(c) < 32 or ord(c) == 127]
     if bad:
         raise ValueError(

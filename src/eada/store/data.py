@@ -12,7 +12,13 @@ import torch
 
 from eada.config import ExperimentConfig, path_origin
 from eada.data.base import TensorDomain
-from eada.data.images import ImageDataError, open_image, scan_domain_folder
+from eada.data.images import (
+    ImageDataError,
+    ImageList,
+    check_image_memory,
+    open_image,
+    scan_domain_folder,
+)
 from eada.data.tasks import Task, load_task
 from eada.data.transforms import fixed_size_transform
 from eada.store.config import (  # noqa: F401  (build_config, resolved_config: moved there)
@@ -152,14 +158,23 @@ def _load_project_data(
     )
 
     data: Any = cfg.data
-    if isinstance(data, FolderData):
-        src, src_paths = load_folder(data.source, data.image_size, data.channels)
+    if isinstance(data, FolderData):  # every file listed, the memory checked, then decoded
+        classes, items = list_images(data.source)
         if labeled:
-            tgt, tgt_paths = load_folder(data.target, data.image_size, data.channels)
+            tclasses, titems = list_images(data.target)
+            il = ImageList(data.target.name, [p for p, _ in titems], [k for _, k in titems],
+                           tclasses)  # fmt: skip
             info = SampleInfo()
         else:
-            il, info = unlabeled_images(data.target, src.classes, files=target_files)
-            tgt, tgt_paths = _decode_domain(il.name, il.paths, il.labels, src.classes, data)
+            il, info = unlabeled_images(data.target, classes, files=target_files)
+        check_image_memory(
+            data.image_size, len(items) + len(il.paths), data.channels,
+            cfg.train.batch_size, "data.image_size (--image-size)",
+        )  # fmt: skip
+        src, src_paths = _decode_domain(
+            data.source.name, [p for p, _ in items], [k for _, k in items], classes, data
+        )
+        tgt, tgt_paths = _decode_domain(il.name, il.paths, il.labels, il.classes, data)
         return Task(src, tgt), {"source": src_paths, "target": tgt_paths, "heldout": None}, info
     if isinstance(data, ImageListData):
         return load_store_images(data, cfg.model, labeled, cfg.device, progress, target_files)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,18 +77,45 @@ def _unquote(text: str) -> str:
     return text[1:] if text.startswith("'") and text[1:].startswith(FORMULA_PREFIXES) else text
 
 
+SAMPLE_ID_FORM = (
+    "a whole number in ASCII digits 0-9 (57; 57.0, as spreadsheets and pandas write whole "
+    "numbers, is read as 57; no sign, no separators such as 5_7, no other digits such as "
+    "\u0665\u0667)"
+)
+"""The one form of a sample id in a label file, said in every error about one."""
+_SAMPLE_ID_RE = re.compile(r"[0-9]+(?:\.0)?")
+
+
 def _sample_id(value: Any, where: str) -> int | None:
+    """A label file's ``sample_id`` in its one form (:data:`SAMPLE_ID_FORM`): a JSON integer
+    (or a whole float), or text of ASCII digits, optionally ending in ``.0``.
+
+    >>> _sample_id("57", "row 2"), _sample_id(" 57.0 ", "row 2"), _sample_id(57.0, "row 2")
+    (57, 57, 57)
+    >>> _sample_id("5_7", "row 2")
+    Traceback (most recent call last):
+    ...
+    eada.store.labelfiles.ImportFileError: row 2: sample_id '5_7' is not an integer in the one ...
+    """
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
+    bad = ImportFileError(
+        f"{where}: sample_id {value!r} is not an integer in the one form of a sample id: "
+        f"{SAMPLE_ID_FORM}"
+    )
     if isinstance(value, bool):
-        raise ImportFileError(f"{where}: sample_id {value!r} is not an integer")
-    if isinstance(value, float) and value.is_integer():
+        raise bad
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise bad
         value = int(value)
-    if not isinstance(value, int):
-        try:
-            value = int(str(value).strip())
-        except ValueError:
-            raise ImportFileError(f"{where}: sample_id {value!r} is not an integer") from None
+    elif isinstance(value, str):
+        text = value.strip()
+        if not _SAMPLE_ID_RE.fullmatch(text):
+            raise bad
+        value = int(text.removesuffix(".0"))
+    elif not isinstance(value, int):
+        raise bad
     if not 0 <= value <= MAX_SAMPLE_ID:
         raise ImportFileError(f"{where}: sample_id {value} is out of range (no such sample)")
     return value
@@ -135,6 +163,11 @@ def _item(raw: dict[str, Any], where: str) -> LabelItem | None:
     ext = _text(raw.get("external_id"), where, "external_id")
     if sid is None and path is None and ext is None:
         raise ImportFileError(f"{where}: needs a sample_id, a path or an external_id")
+    if raw.get("annotator") is not None and not isinstance(raw["annotator"], str):
+        raise ImportFileError(
+            f"{where}: annotator must be text (a name in quotes), got "
+            f"{type(raw['annotator']).__name__} {raw['annotator']!r}"
+        )
     annotator = _text(raw.get("annotator"), where, "annotator")
     return LabelItem(where, label, sid, path, annotator, ext, skip)
 
