@@ -6,6 +6,7 @@ out of space (148 KB free on a small tmpfs) is the documented error, the store u
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import shutil
 import sys
@@ -128,3 +129,4 @@ def test_train_with_148_kb_free_is_the_documented_error(tmp_path, small_tmpfs, c
     line = _refused(["train", "--store", str(store)], store, "no space left on the device", capsys)
     assert f"writing {store / 'checkpoints'}" in line
     assert sorted((store / "checkpoints").iterdir()) == cks  # no partial or temporary file
+    gc.collect()  # the refused command's store connection: closed before the tmpfs unmounts

@@ -232,14 +232,16 @@ class _WriteRecorder:
             raise
 
 
-def write_through(path: Path, writer: Callable[[Any], None]) -> None:
-    """Create ``path`` and let ``writer`` write it (``lambda fh: torch.save(obj, fh)``), then
-    flush and fsync it. A write that fails (a full disk) raises its ``OSError`` naming
-    ``path``, even where ``writer`` turned it into another exception (``torch.save``'s zip
-    writer reports ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``)."""
+def write_through(path: Path, writer: Callable[[Any], None], mode: int = 0o666) -> None:
+    """Create ``path`` (``mode``, less the umask) and let ``writer`` write it
+    (``lambda fh: torch.save(obj, fh)``), then flush and fsync it. A write that fails (a full
+    disk) raises its ``OSError`` naming ``path``, even where ``writer`` turned it into another
+    exception (``torch.save``'s zip writer reports ``RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos``)."""
     rec: _WriteRecorder | None = None
     try:
-        with open(path, "wb") as fh:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as fh:
             rec = _WriteRecorder(fh)
             writer(rec)
             fh.flush()
@@ -354,6 +356,8 @@ def staged_folder(out: Path) -> Iterator[Path]:
     it was. Errors name the file they concern."""
     out = Path(out)
     check_not_store(out, "the output folder")
+    if out.is_symlink():  # a link to a folder: the folder's content is replaced, not the link
+        out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out)
     tmp = tmp_name(out)

@@ -48,7 +48,7 @@ def save_atomic(obj: Any, path: Path) -> None:
     """
     tmp = tmp_name(path)
     try:
-        write_through(tmp, lambda fh: torch.save(obj, fh))  # a full disk: its OSError
+        write_through(tmp, lambda fh: torch.save(obj, fh), 0o600)  # a full disk: its OSError
         crash_point("checkpoint:tmp_written")
         os.replace(tmp, path)
     except BaseException as err:

@@ -371,6 +371,23 @@ def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+PRIVATE_DIR = 0o700
+"""The mode of the folders a store creates (its own, ``checkpoints``, ``exports``): the store
+holds annotator identities and their answers, so only the owner may read it."""
+PRIVATE_FILE = 0o600
+"""The mode of the files a store creates (its database, checkpoints, exported files)."""
+
+
+def _create_private(path: Path) -> None:
+    """Create the empty file ``path`` with mode :data:`PRIVATE_FILE` (whatever the umask)
+    unless it exists; SQLite then opens it and gives its journal files the same mode."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
 class Store:
     """An open project store.
 
@@ -402,7 +419,8 @@ class Store:
         self._depth = 0  # nesting of this object's write transactions (one BEGIN IMMEDIATE)
         if create:
             check_creatable(self.folder)
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+            _create_private(self.path)  # its -wal and -shm files take its mode
         elif not self.path.is_file():
             raise StoreError(
                 f"no project store at {self.folder} (expected {self.path}); create one first with "
@@ -427,7 +445,7 @@ class Store:
                 f"cannot open the project store {self.path}: {err}"
             ) from None
         if not self.readonly:
-            (self.folder / "checkpoints").mkdir(exist_ok=True)
+            (self.folder / "checkpoints").mkdir(mode=PRIVATE_DIR, exist_ok=True)
             remove_stale_tmp(self.folder / "checkpoints", self.folder / "exports")
 
     def _connect(self) -> sqlite3.Connection:

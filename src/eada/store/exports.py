@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from eada.models.factory import build_model
+from eada.store.db import PRIVATE_DIR, PRIVATE_FILE
 from eada.store.labelfiles import csv_safe, write_atomic
 from eada.store.unlabeled import round_rows_extra
 
@@ -408,9 +410,12 @@ def write_export(out: Path, files: dict[str, bytes]) -> dict[str, str]:
     from eada.store.checkpoints import crash_point
 
     with staged_folder(out) as tmp:
+        os.chmod(tmp, PRIVATE_DIR)  # annotator identities: the owner's only
         for name, data in files.items():
             try:
-                (tmp / name).write_bytes(data)
+                fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
             except OSError as err:
                 raise named(OSError(err.errno, err.strerror), out / name) from None
             crash_point(f"export:{name}")

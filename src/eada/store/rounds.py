@@ -13,7 +13,7 @@ import torch
 from eada.store import labelstudio
 from eada.store.agreement import awaiting_counts, open_disputes
 from eada.store.checkpoints import crash_point
-from eada.store.db import AUDIT, StoreError, how, now, q
+from eada.store.db import AUDIT, PRIVATE_DIR, StoreError, how, now, q
 from eada.store.labelfiles import (
     export_rows_csv,
     label_studio_config,
@@ -449,7 +449,7 @@ class ProjectRounds(ProjectLabels):
         rnd = self.store.conn.execute("SELECT * FROM rounds WHERE number = ?", (number,)).fetchone()
         score_names = list(rows[0]["scores"]) if rows else []
         out = self.folder / "exports"
-        out.mkdir(exist_ok=True)
+        out.mkdir(mode=PRIVATE_DIR, exist_ok=True)
         files = self.round_files(number)
         write_atomic(files["csv"], export_rows_csv(rows, score_names))
         doc = {
