@@ -144,11 +144,19 @@ def _cmd_init(args: argparse.Namespace) -> int:
 def _cmd_query(args: argparse.Namespace) -> int:
     proj = _project(args)
     _note_pool(proj)
+    if args.again and args.audit is None:
+        raise ValueError("--again draws another audit: give it with --audit N")
     if args.audit is not None:
         if args.budget is not None:
             raise ValueError("--audit N draws N random samples; drop --budget")
-        out = proj.audit(args.audit)
-        if out["reexported"]:
+        out = proj.audit(args.audit, again=args.again)
+        if out.get("repeated"):
+            _say(
+                f"round {out['round']}: this audit (--audit {args.audit}) was drawn already "
+                "with the same model and labels; its files are exported again and no second "
+                "audit is drawn (add --again to draw another)"
+            )
+        elif out["reexported"]:
             _say(
                 f"round {out['round']}: the audit round recorded by an interrupted `eada query "
                 "--audit` is exported now (no second audit is drawn)"
@@ -638,6 +646,14 @@ def add_store_commands(sub: Any) -> None:
         help=(
             "draw N samples uniformly at random from the unlabeled pool (an audit round, "
             "outside the schedule): their labels give an unbiased accuracy estimate"
+        ),
+    )
+    p.add_argument(
+        "--again",
+        action="store_true",
+        help=(
+            "with --audit: draw another audit even when the last round is an audit of the "
+            "same N, model and labels (without it, that audit's files are exported again)"
         ),
     )
     p.set_defaults(func=_cmd_query)

@@ -4,10 +4,12 @@ the labels in force, corrections superseding older rows."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -54,6 +56,23 @@ def _where(conn: sqlite3.Connection, sid: int) -> str:
     return "" if row is None or row["path"] is None else f" ({row['path']})"
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def stamps_on_success(method: _F) -> _F:
+    """A store command (``train``, ``query``, ``audit``) that records the file stamps its
+    :meth:`ProjectLabels.check_labeled_files` found unchanged only when it succeeds."""
+
+    @functools.wraps(method)
+    def run(self: ProjectLabels, *args: Any, **kwargs: Any) -> Any:
+        self._fresh_stamps = None
+        out = method(self, *args, **kwargs)
+        self.save_file_stamps()
+        return out
+
+    return cast(_F, run)
+
+
 class ProjectLabels(ProjectCheckpoints):
     """A project store's labels (see :class:`~eada.store.project.Project`)."""
 
@@ -70,6 +89,7 @@ class ProjectLabels(ProjectCheckpoints):
         Raises:
             StoreError: naming how many labeled files changed, the first ones and what to do.
         """
+        self._fresh_stamps: dict[str, list[int]] | None = None
         rows = [
             r
             for r in self.store.conn.execute(
@@ -108,7 +128,15 @@ class ProjectLabels(ProjectCheckpoints):
                 "save a new photo under a new name (`eada target scan` registers it as a new "
                 "sample; a removed file is left out of the pool)"
             )
-        if fresh != stamps and not self.store.readonly:
+        self._fresh_stamps = fresh if fresh != stamps and not self.store.readonly else None
+
+    def save_file_stamps(self) -> None:
+        """Record the stamps :meth:`check_labeled_files` found unchanged, once the command it
+        checked for has succeeded (:func:`stamps_on_success`): a refused command writes
+        nothing."""
+        fresh = getattr(self, "_fresh_stamps", None)
+        self._fresh_stamps = None
+        if fresh is not None:
             with self.store.transaction():
                 self.store.set_meta("file_stamps", json.dumps(fresh, sort_keys=True))
 

@@ -60,7 +60,7 @@ from eada.store.exports import (
     write_export,
 )
 from eada.store.labelfiles import ImportFileError, csv_safe
-from eada.store.labels import ImportValidationError
+from eada.store.labels import ImportValidationError, stamps_on_success
 from eada.store.pool import changes_note, scan_target
 from eada.store.roots import check_within_roots, label_studio_root
 from eada.store.rounds import ProjectRounds
@@ -175,6 +175,7 @@ class Project(ProjectRounds):
         task: already loaded domains (internal; otherwise loaded and checked on first use).
     """
 
+    @stamps_on_success
     def train(
         self, epochs: int | None = None, progress: Progress = None, partial: bool = False
     ) -> dict[str, Any]:

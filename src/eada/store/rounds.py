@@ -20,7 +20,7 @@ from eada.store.labelfiles import (
     label_studio_tasks,
     write_atomic,
 )
-from eada.store.labels import ProjectLabels
+from eada.store.labels import ProjectLabels, stamps_on_success
 from eada.store.roots import NO_DOCUMENT_ROOT
 from eada.store.unlabeled import predicted_scores, round_rows_extra
 from eada.train import ActiveDATrainer
@@ -29,6 +29,7 @@ from eada.train import ActiveDATrainer
 class ProjectRounds(ProjectLabels):
     """A project store's query rounds (see :class:`~eada.store.project.Project`)."""
 
+    @stamps_on_success
     def query(
         self, budget: int | None = None, export: bool = True, mode: str = "human"
     ) -> dict[str, Any]:
@@ -179,7 +180,8 @@ class ProjectRounds(ProjectLabels):
             "awaiting": n_wait,
         }
 
-    def audit(self, n: int, export: bool = True) -> dict[str, Any]:
+    @stamps_on_success
+    def audit(self, n: int, export: bool = True, again: bool = False) -> dict[str, Any]:
         """Draw an audit round: ``n`` samples uniformly at random (without replacement) from
         the unlabeled pool, with the current model's prediction for each, recorded as a round
         of strategy ``audit`` and exported like any round. Their labels give an unbiased
@@ -188,6 +190,11 @@ class ProjectRounds(ProjectLabels):
         enter an active round's pool and their labels are never trained on; the random draw
         uses its own generator (seed, round number), so the schedule's strategy state is
         untouched.
+
+        A request is keyed by ``n``, the model (the latest checkpoint) and the labels (rows
+        of the label table): when the last round is an audit of the same key, a retry (of a
+        command killed or whose output was lost) exports that audit again instead of drawing
+        a second one (``repeated`` in the result); ``again=True`` draws another deliberately.
 
         Raises:
             ValueError: ``n`` < 1.
@@ -201,10 +208,19 @@ class ProjectRounds(ProjectLabels):
             raise ValueError(f"--audit must be >= 1, got {n}")
         redo = self.export_missing()
         last_round = self.store.rounds()[-1] if self.store.rounds() else None
+        repeated = (
+            last_round is not None
+            and last_round["strategy"] == AUDIT
+            and not again
+            and last_round["number"] not in redo
+            and self._same_audit_request(last_round, n)
+        )
+        if repeated and export and last_round is not None:
+            self.export_round(last_round["number"])
         if (
             last_round is not None
             and last_round["strategy"] == AUDIT
-            and (last_round["number"] in redo)
+            and (last_round["number"] in redo or repeated)
         ):
             # a retry of an audit killed after its round was recorded: the files, not a second
             # audit
@@ -215,6 +231,7 @@ class ProjectRounds(ProjectLabels):
                 "round": last_round["number"],
                 "audit": True,
                 "reexported": True,
+                "repeated": repeated,
                 "labelstudio_error": self._push_to_label_studio(),
                 "files": files,
                 "selected": last_round["budget"],
@@ -272,6 +289,7 @@ class ProjectRounds(ProjectLabels):
         ]
         n_trained = int(trainer.labeled_mask.sum())
         info: dict[str, Any] = {"pool": len(pool), "epoch": epoch, "n_labeled_trained": n_trained}
+        info["request"] = {"n": n, "label_rows": n_label_rows}  # with its checkpoint: the key
         if out_now:
             info["excluded_pending"] = len(out_now)
             info["pending_round"] = self.store.active_rounds()[-1]["number"]
@@ -311,6 +329,17 @@ class ProjectRounds(ProjectLabels):
             "excluded_pending": info.get("excluded_pending", 0),
             "pending_round": info.get("pending_round"),
         }
+
+    def _same_audit_request(self, audit_round: Any, n: int) -> bool:
+        """Whether ``audit_round`` answered a request of ``n`` samples with the model and the
+        labels the store holds now (no checkpoint and no label row since it was drawn)."""
+        ck = self.store.latest_checkpoint()
+        request = json.loads(audit_round["info"] or "{}").get("request")
+        return (
+            ck is not None
+            and ck["id"] == audit_round["checkpoint_id"]
+            and request == {"n": n, "label_rows": self._n_label_rows()}
+        )
 
     def _record_round(
         self,
