@@ -245,9 +245,11 @@ def _cmd_target_scan(args: argparse.Namespace) -> int:
 
 
 def _cmd_label_import(args: argparse.Namespace) -> int:
+    from eada.store.data import shown_name
+
     proj = _project(args)
     out = proj.import_labels(args.file, args.annotator, args.allow_unqueried, args.force)
-    _say(f"imported {args.file} ({out['format']}): {import_summary(out)}")
+    _say(f"imported {shown_name(args.file)} ({out['format']}): {import_summary(out)}")
     print_disputes(out["disputes"], args.store, proj=proj)
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0

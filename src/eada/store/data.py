@@ -5,6 +5,9 @@ hashes, and the confinement of file paths to the registered data roots."""
 from __future__ import annotations
 
 import hashlib
+import os
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +67,66 @@ def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     if not found.paths:
         raise ValueError(f"{root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
     return found.classes, list(zip(found.paths, found.labels, strict=True))
+
+
+def shown_name(path: str | Path) -> str:
+    r"""``path`` as readable text: bytes that are not UTF-8 as ``\xNN`` escapes, control
+    characters (a newline) as Python escapes.
+
+    >>> shown_name(os.fsdecode(b"caf\xe9.csv")), shown_name("a\nb.png")
+    ('caf\\xe9.csv', 'a\\nb.png')
+    """
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def check_file_names(paths: Sequence[Path], what: str) -> None:
+    """Refuse image files whose names are not UTF-8 (the store records names as text) or hold
+    a control character such as a newline (it would break the CSV and list files a name is
+    written to), every one named readably (:func:`shown_name`), before anything is written.
+
+    Raises:
+        ValueError: naming ``what`` and the files.
+    """
+    bad = []
+    for p in paths:
+        text = str(p)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            bad.append(f"{shown_name(p)} (not UTF-8)")
+            continue
+        if any(not c.isprintable() and c != " " for c in text):
+            bad.append(f"{shown_name(p)} (a control character such as a newline)")
+    if bad:
+        shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise ValueError(
+            f"{what}: {len(bad)} file name(s) the store cannot record: {shown}. Rename them "
+            "(UTF-8, one line) and retry; nothing was written"
+        )
+
+
+def check_folders(data: FolderData, classes: list[str], items: list[tuple[Path, int]]) -> None:
+    """The source and target folders of ``data`` are two folders, and no source class folder
+    is empty (its class would have nothing to train on); ``items``: the source's images.
+
+    Raises:
+        ValueError: the same folder twice, or the empty class folders named.
+    """
+    if data.source.resolve() == data.target.resolve():
+        raise ValueError(
+            f"the source and target folders are the same folder ({data.source}): domain "
+            "adaptation needs a labeled source and a different target"
+        )
+    counts = [0] * len(classes)
+    for _, k in items:
+        counts[k] += 1
+    empty = [c for c, n in zip(classes, counts, strict=True) if n == 0]
+    if empty:
+        raise ValueError(
+            f"{data.source}: class folder(s) {', '.join(empty)} hold no images: add images or "
+            "remove the folder (each source class needs samples to train on)"
+        )
 
 
 def decode_image(path: Path, image_size: int, channels: int) -> torch.Tensor:
@@ -160,13 +223,24 @@ def _load_project_data(
     data: Any = cfg.data
     if isinstance(data, FolderData):  # every file listed, the memory checked, then decoded
         classes, items = list_images(data.source)
+        check_folders(data, classes, items)
         if labeled:
             tclasses, titems = list_images(data.target)
+            tcounts = {k for _, k in titems}
+            empty = [c for k, c in enumerate(tclasses) if k not in tcounts]
+            if empty:
+                warnings.warn(
+                    f"{data.target}: class folder(s) {', '.join(empty)} hold no images",
+                    UserWarning,
+                    stacklevel=2,
+                )
             il = ImageList(data.target.name, [p for p, _ in titems], [k for _, k in titems],
                            tclasses)  # fmt: skip
             info = SampleInfo()
         else:
             il, info = unlabeled_images(data.target, classes, files=target_files)
+        check_file_names([p for p, _ in items], f"source {data.source}")
+        check_file_names(il.paths, f"target {data.target}")
         check_image_memory(
             data.image_size, len(items) + len(il.paths), data.channels,
             cfg.train.batch_size, "data.image_size (--image-size)",

@@ -24,7 +24,7 @@ from eada.store.agreement import (
 )
 from eada.store.checkpoints import ProjectCheckpoints, crash_point, file_sha256
 from eada.store.config import FolderData, check_annotator
-from eada.store.data import confine, content_hash, decode_image
+from eada.store.data import confine, content_hash, decode_image, shown_name
 from eada.store.db import StoreError, how, now
 from eada.store.labelfiles import LabelItem, read_label_file, records_to_items
 from eada.store.unlabeled import external_ids
@@ -173,7 +173,14 @@ class ProjectLabels(ProjectCheckpoints):
         path = Path(file)
         fmt, items, raw = read_label_file(path)
         return self._write_labels(
-            items, str(path), content_hash(raw), fmt, annotator, "human", allow_unqueried, force
+            items,
+            shown_name(path),
+            content_hash(raw),
+            fmt,
+            annotator,
+            "human",
+            allow_unqueried,
+            force,
         )
 
     def import_records(
