@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import hashlib
 import json
 import shutil
 import sys
@@ -130,3 +131,33 @@ def test_train_with_148_kb_free_is_the_documented_error(tmp_path, small_tmpfs, c
     assert f"writing {store / 'checkpoints'}" in line
     assert sorted((store / "checkpoints").iterdir()) == cks  # no partial or temporary file
     gc.collect()  # the refused command's store connection: closed before the tmpfs unmounts
+
+
+# -- label-file size ----------------------------------------------------------------------------
+def test_label_files_are_streamed_bounded_and_show_progress(tmp_path: Path, monkeypatch) -> None:
+    from eada.store import labelfiles
+
+    monkeypatch.setattr(labelfiles, "MAX_LABEL_ROWS", 1000)
+    monkeypatch.setattr(labelfiles, "PROGRESS_BYTES", 2000)
+    monkeypatch.setattr(labelfiles, "PROGRESS_ROWS", 250)
+    f = tmp_path / "l.csv"
+    f.write_text("sample_id,label\n" + "".join(f"{i},plus\n" for i in range(900)))
+    said: list[str] = []
+    _, items, digest = labelfiles.read_label_file(f, said.append)
+    assert len(items) == 900 and digest == hashlib.sha256(f.read_bytes()).hexdigest()
+    assert len(said) == 3 and all(f"reading {f}: " in s and "MiB" in s for s in said)
+    assert said[-1].endswith("750 rows")
+    f.write_text("sample_id,label\n" + "".join(f'{i},"plus"\n' for i in range(1001)))
+    with pytest.raises(ValueError, match="more than 1,000 rows, the most one label file"):
+        labelfiles.read_label_file(f, said.append)
+    j = tmp_path / "l.json"
+    j.write_text(json.dumps([{"sample_id": i, "label": "plus"} for i in range(1001)]))
+    with pytest.raises(ValueError, match="1,001 items, more than the 1,000"):
+        labelfiles.read_label_file(j)
+    monkeypatch.setattr(labelfiles, "MAX_JSON_BYTES", 100)
+    with pytest.raises(ValueError, match="over the 0 MiB a JSON label file may hold"):
+        labelfiles.read_label_file(j)
+    f.write_text("sample_id,label\n" + "".join(f"{i},plus\n" for i in range(1001)))
+    monkeypatch.setattr(labelfiles, "read_csv", None)  # no quotes: refused before parsing
+    with pytest.raises(ValueError, match="1,001 rows, more than the 1,000"):
+        labelfiles.read_label_file(f)

@@ -4,12 +4,15 @@ JSON export). Imported files are parsed as data only (``csv``/``json``; nothing 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import quote, unquote
 from xml.sax.saxutils import quoteattr
 
@@ -172,12 +175,26 @@ def _item(raw: dict[str, Any], where: str) -> LabelItem | None:
     return LabelItem(where, label, sid, path, annotator, ext, skip)
 
 
-def read_csv(text: str) -> list[LabelItem]:
+MAX_LABEL_ROWS = 1_000_000
+"""The most rows (CSV) or items (JSON) one label file may hold: far more than any project's
+pool in our benchmarks (reading that many takes about 0.6 GB); a bigger file is split. A CSV
+file without quotes is refused before it is parsed (a line is a row)."""
+MAX_JSON_BYTES = 256 * 2**20
+"""The largest JSON label file (it is parsed whole; CSV is read a row at a time)."""
+PROGRESS_BYTES = 16 * 2**20
+"""A label file over this size shows its reading progress (on standard error)."""
+PROGRESS_ROWS = 200_000
+
+
+def read_csv(text: str | TextIO, tick: Callable[[int], None] | None = None) -> list[LabelItem]:
     """CSV with a header: ``label`` and ``sample_id``, ``path`` and/or ``external_id``;
     optional ``annotator`` and ``skip`` (a reason: the sample is unusable, instead of a label).
     Other columns (scores, predictions) are ignored; rows with neither a label nor a skip
-    reason are not answered yet."""
-    reader = csv.DictReader(io.StringIO(text, newline=""), strict=True)
+    reason are not answered yet. ``text``: the CSV, or an open text file read a row at a
+    time; ``tick(rows)`` is called every :data:`PROGRESS_ROWS` rows. At most
+    :data:`MAX_LABEL_ROWS` rows."""
+    lines = io.StringIO(text, newline="") if isinstance(text, str) else text
+    reader = csv.DictReader(lines, strict=True)
     try:
         fields = reader.fieldnames or []
     except csv.Error as err:
@@ -200,6 +217,13 @@ def read_csv(text: str) -> list[LabelItem]:
         for row in reader:
             row_no += 1
             where = f"row {row_no}"
+            if row_no - 1 > MAX_LABEL_ROWS:
+                raise ImportFileError(
+                    f"more than {MAX_LABEL_ROWS:,} rows, the most one label file may hold: "
+                    "split it into several files and import each"
+                )
+            if tick is not None and (row_no - 1) % PROGRESS_ROWS == 0:
+                tick(row_no - 1)
             if None in row:
                 raise ImportFileError(f"{where}: more values than header columns")
             if any(v is None for v in row.values()):
@@ -324,6 +348,11 @@ def read_json(text: str) -> tuple[str, list[LabelItem]]:
             "JSON must be a list of {sample_id, label} objects, a Label Studio export, or a "
             f"query export with 'samples'; got {type(doc).__name__}"
         )
+    if len(doc) > MAX_LABEL_ROWS:
+        raise ImportFileError(
+            f"{len(doc):,} items, more than the {MAX_LABEL_ROWS:,} one label file may hold: "
+            "split it into several files and import each"
+        )
     items = []
     for i, raw in enumerate(doc, start=1):
         if not isinstance(raw, dict):
@@ -334,13 +363,17 @@ def read_json(text: str) -> tuple[str, list[LabelItem]]:
     return fmt, items
 
 
-def read_label_file(path: Path) -> tuple[str, list[LabelItem], bytes]:
+def read_label_file(
+    path: Path, say: Callable[[str], None] | None = None
+) -> tuple[str, list[LabelItem], str]:
     """Parse an import file by its suffix (``.csv`` or ``.json``); returns
-    ``(format, items, raw bytes)``.
+    ``(format, items, SHA-256 of its bytes)``. A CSV file is read a row at a time (at most
+    :data:`MAX_LABEL_ROWS` rows), a JSON file whole (at most :data:`MAX_JSON_BYTES`); a file
+    over :data:`PROGRESS_BYTES` says how far it got (``say``, default standard error).
 
     Raises:
         FileNotFoundError: no such file.
-        ImportFileError: unknown suffix, not UTF-8, malformed content.
+        ImportFileError: unknown suffix, not UTF-8, malformed content, over a limit.
     """
     if not path.exists():
         raise FileNotFoundError(f"label file not found: {path}")
@@ -351,21 +384,47 @@ def read_label_file(path: Path) -> tuple[str, list[LabelItem], bytes]:
             f"{path} is not a regular file (a named pipe, socket or device): save the labels "
             "to a .csv or .json file and import that"
         )
-    raw = path.read_bytes()
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".json"):
+        raise ImportFileError(f"{path}: unknown label file type {suffix!r} (use .csv or .json)")
+    size = path.stat().st_size
+    if suffix == ".json" and size > MAX_JSON_BYTES:
+        raise ImportFileError(
+            f"{path}: {size / 2**20:,.0f} MiB of JSON, over the {MAX_JSON_BYTES // 2**20} MiB "
+            "a JSON label file may hold (it is read whole): split it, or write CSV"
+        )
+    h = hashlib.sha256()
+    lines, quoted = 0, False
+    with open(path, "rb") as raw:
+        for chunk in iter(lambda: raw.read(2**20), b""):
+            h.update(chunk)
+            lines += chunk.count(b"\n")
+            quoted = quoted or b'"' in chunk
+    if suffix == ".csv" and not quoted and lines > MAX_LABEL_ROWS + 1:  # a line = a row
+        raise ImportFileError(
+            f"{path}: {lines - 1:,} rows, more than the {MAX_LABEL_ROWS:,} one label file may "
+            "hold: split it into several files and import each"
+        )
+    shout = say or (lambda m: print(m, file=sys.stderr, flush=True))
     try:
-        text = raw.decode("utf-8-sig")
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            if suffix == ".json":
+                fmt, items = read_json(fh.read())
+                return fmt, items, h.hexdigest()
+
+            def tick(rows: int) -> None:
+                if size > PROGRESS_BYTES:
+                    at = fh.buffer.tell()  # type: ignore[attr-defined]
+                    shout(
+                        f"reading {path}: {at / 2**20:,.1f} of {size / 2**20:,.1f} MiB "
+                        f"({at / size:.0%}), {rows:,} rows"
+                    )
+
+            return "csv", read_csv(fh, tick), h.hexdigest()
     except UnicodeDecodeError as err:
         raise ImportFileError(f"{path}: not UTF-8 text ({err})") from None
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".csv":
-            return "csv", read_csv(text), raw
-        if suffix == ".json":
-            fmt, items = read_json(text)
-            return fmt, items, raw
     except ImportFileError as err:
         raise ImportFileError(f"{path}: {err}") from None
-    raise ImportFileError(f"{path}: unknown label file type {suffix!r} (use .csv or .json)")
 
 
 # -- exports -----------------------------------------------------------------------------------

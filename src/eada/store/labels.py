@@ -171,11 +171,11 @@ class ProjectLabels(ProjectCheckpoints):
         if self.store.get_meta("mode") == "simulated":
             self._set_mode("human")  # raises: a simulated run takes no human labels
         path = Path(file)
-        fmt, items, raw = read_label_file(path)
+        fmt, items, digest = read_label_file(path)
         return self._write_labels(
             items,
             shown_name(path),
-            content_hash(raw),
+            digest,
             fmt,
             annotator,
             "human",
