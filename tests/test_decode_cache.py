@@ -4,6 +4,7 @@ found by its size or block digests, named in a warning and filled again."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from eada.data.images import scan_domain_folder
 from eada.data.transforms import TransformSpec
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_atomic_exports import small_tmpfs  # noqa: F401  (the fixture, reused)
 from test_images import _make_domain
 
 SPEC = TransformSpec(resize=36, crop=32, test_resize=40, jitter=None)
@@ -118,3 +120,20 @@ def test_a_live_fill_keeps_its_temporary_file(tmp_path: Path) -> None:
     mine = folder / f".abc.u8.{os.getppid()}.tmp"  # a live process (this test's parent)
     mine.write_bytes(b"x")
     assert decoded.remove_stale_fills(folder) == [] and mine.exists()
+
+
+def test_a_fill_that_cannot_fit_the_disk_is_enospc_naming_the_file(
+    tmp_path: Path,
+    small_tmpfs: Path,  # noqa: F811
+) -> None:
+    """The cache's blocks are reserved before decoding: a full disk is the documented OSError
+    naming the file (not a SIGBUS writing into a memory map), and no temporary file stays."""
+    il = scan_domain_folder(_make_domain(tmp_path, "d", n=6))
+    plan = plan_cache("d", il.paths, TransformSpec(resize=256, crop=224), ["square", "test"])
+    assert plan.nbytes > 2 * 2**20
+    with pytest.raises(OSError) as got:
+        fill_cache(plan, small_tmpfs / "dec")
+    assert got.value.errno == errno.ENOSPC and got.value.filename == str(
+        small_tmpfs / "dec" / f"{plan.key}.u8"
+    )
+    assert list((small_tmpfs / "dec").iterdir()) == []

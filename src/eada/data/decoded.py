@@ -29,6 +29,7 @@ it. The temporary files of fills whose process was killed are removed
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -302,7 +303,7 @@ def fill_cache(
         OSError: the folder cannot be written, naming it.
     """
     from eada.data.images import ImageDataError, open_image
-    from eada.runs import tmp_name
+    from eada.runs import named, tmp_name
 
     path = folder / f"{plan.key}.u8"
     say = say or _warn
@@ -317,7 +318,18 @@ def fill_cache(
     folder.mkdir(parents=True, exist_ok=True)
     offsets = _offsets(plan)
     tmp = tmp_name(path)
-    mm = np.memmap(tmp, dtype=np.uint8, mode="w+", shape=(max(plan.nbytes, 1),))
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    mode: Literal["r+", "w+"] = "r+"
+    try:  # the blocks reserved now: a full disk is an OSError here, not a SIGBUS mid-fill
+        os.posix_fallocate(fd, 0, max(plan.nbytes, 1))
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it
+            raise named(err, path) from None
+        mode = "w+"
+    finally:
+        os.close(fd)
+    mm = np.memmap(tmp, dtype=np.uint8, mode=mode, shape=(max(plan.nbytes, 1),))
 
     def one(i: int) -> None:
         img, reason = open_image(plan.paths[i])
