@@ -17,6 +17,10 @@ So ``eada`` decides the count once a process and applies it everywhere:
   same count.
 
 The count a run used is recorded (``meta.json`` ``threads``, :func:`thread_record`).
+
+The memory this process may still allocate (:func:`memory_limit`: physical memory, the
+cgroup's limit, ``RLIMIT_AS``/``RLIMIT_DATA``) lives here too: sizes are checked against it
+before any work (an image size whose decoded images cannot fit is refused up front).
 """
 
 from __future__ import annotations
