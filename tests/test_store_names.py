@@ -44,7 +44,10 @@ def _init(tmp_path: Path, src: Path, tgt: Path) -> int:
 
 @pytest.mark.parametrize(
     ("name", "shown"),
-    [(b"bad\xff.png", "bad\\xff.png (not UTF-8)"), (b"two\nlines.png", "two\\nlines.png")],
+    [
+        (b"bad\xff.png", "bad\\xff.png (its name is not UTF-8)"),
+        (b"two\nlines.png", "two\\nlines.png"),
+    ],
 )
 def test_image_names_the_store_cannot_record_are_refused_readably(
     tmp_path: Path, capsys, name: bytes, shown: str
@@ -75,3 +78,22 @@ def test_same_folder_twice_and_an_empty_source_class_are_refused(tmp_path: Path,
     )
     with pytest.warns(UserWarning, match=r"tgt: class folder\(s\) c hold no images"):
         assert _init(tmp_path, tmp_path / "src", tmp_path / "tgt") == 0
+
+
+def test_target_scan_names_a_file_it_cannot_record_and_registers_the_rest(
+    tmp_path: Path, capsys
+) -> None:
+    _images(tmp_path / "src", 2, 0)
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i, f in enumerate(sorted((tmp_path / "src" / "a").iterdir())):
+        (flat / f"t{i}.png").write_bytes(f.read_bytes())
+    assert _init(tmp_path, tmp_path / "src", flat) == 0
+    png = (flat / "t0.png").read_bytes()
+    Path(os.fsdecode(os.fsencode(flat) + b"/bad\xff.png")).write_bytes(png)
+    (flat / "new.png").write_bytes(png[:-1] + b"\0")
+    capsys.readouterr()
+    assert main(["target", "scan", "--store", str(tmp_path / "P")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 new file(s) registered" in out
+    assert "bad\\xff.png: its name is not UTF-8: not registered (rename it)" in out

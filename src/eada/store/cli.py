@@ -221,6 +221,8 @@ def _note_pool(proj: Any) -> None:
 
 
 def _cmd_target_scan(args: argparse.Namespace) -> int:
+    from eada.store.roots import shown_name
+
     proj = _project(args)
     out = proj.scan_target(progress=_log)
     rows = out.get("unit") == "rows"
@@ -239,7 +241,7 @@ def _cmd_target_scan(args: argparse.Namespace) -> int:
     for p in out["vanished"]:
         console.print(f"  vanished: {p}", soft_wrap=True, highlight=False)
     for p, why in ({} if rows else out["bad"]).items():
-        console.print(f"  not registered: {p} ({why})", soft_wrap=True, highlight=False)
+        console.print(f"  not registered: {shown_name(p)} ({why})", soft_wrap=True, highlight=False)
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 

@@ -5,9 +5,7 @@ hashes, and the confinement of file paths to the registered data roots."""
 from __future__ import annotations
 
 import hashlib
-import os
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,11 @@ from eada.store.config import (  # noqa: F401  (build_config, resolved_config: m
     build_config,
     resolved_config,
 )
-from eada.store.roots import confine  # noqa: F401  (its home is eada.store.roots)
+from eada.store.roots import (  # noqa: F401  (their home is eada.store.roots)
+    check_file_names,
+    confine,
+    shown_name,
+)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 """The suffixes a folder project registers (fewer than :data:`~eada.data.images.IMAGE_EXTENSIONS`:
@@ -67,43 +69,6 @@ def list_images(folder: Path) -> tuple[list[str], list[tuple[Path, int]]]:
     if not found.paths:
         raise ValueError(f"{root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
     return found.classes, list(zip(found.paths, found.labels, strict=True))
-
-
-def shown_name(path: str | Path) -> str:
-    r"""``path`` as readable text: bytes that are not UTF-8 as ``\xNN`` escapes, control
-    characters (a newline) as Python escapes.
-
-    >>> shown_name(os.fsdecode(b"caf\xe9.csv")), shown_name("a\nb.png")
-    ('caf\\xe9.csv', 'a\\nb.png')
-    """
-    text = os.fsencode(path).decode("utf-8", "backslashreplace")
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def check_file_names(paths: Sequence[Path], what: str) -> None:
-    """Refuse image files whose names are not UTF-8 (the store records names as text) or hold
-    a control character such as a newline (it would break the CSV and list files a name is
-    written to), every one named readably (:func:`shown_name`), before anything is written.
-
-    Raises:
-        ValueError: naming ``what`` and the files.
-    """
-    bad = []
-    for p in paths:
-        text = str(p)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            bad.append(f"{shown_name(p)} (not UTF-8)")
-            continue
-        if any(not c.isprintable() and c != " " for c in text):
-            bad.append(f"{shown_name(p)} (a control character such as a newline)")
-    if bad:
-        shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
-        raise ValueError(
-            f"{what}: {len(bad)} file name(s) the store cannot record: {shown}. Rename them "
-            "(UTF-8, one line) and retry; nothing was written"
-        )
 
 
 def check_folders(data: FolderData, classes: list[str], items: list[tuple[Path, int]]) -> None:

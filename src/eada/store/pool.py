@@ -40,6 +40,7 @@ from eada.data.features import domain_statistics, normalize_features
 from eada.store.config import FolderData
 from eada.store.data import confine, content_hash
 from eada.store.db import StoreError, how, now, q
+from eada.store.roots import name_problem, shown_name
 from eada.store.targets import (
     SampleInfo,
     TargetRows,
@@ -195,6 +196,10 @@ def scan_target(project: Any, progress: Progress = None) -> dict[str, Any]:
                 if link is not None
                 else f"{err}: not registered"
             )
+    for p in ch.new:  # a name the store cannot record as text: named readably, left out
+        why = name_problem(p)
+        if why is not None:
+            outside[p] = f"{shown_name(p)}: its name {why}: not registered (rename it)"
     bad: dict[Path, str] = {}
     extracted = 0
     new = [p for p in ch.new if p not in outside]  # the good new files are registered anyway

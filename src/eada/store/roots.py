@@ -18,7 +18,7 @@ exports, and anything else that registers or serves files):
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 _SHOWN = 10  # outside files named in one error
@@ -180,3 +180,50 @@ def label_studio_root(roots: list[Path], option: Path | None) -> Path | None:
         return None
     common = Path(os.path.commonpath([str(Path(r).resolve()) for r in roots]))
     return None if unsafe_document_root(common) is not None else common
+
+
+def shown_name(path: str | Path) -> str:
+    r"""``path`` as readable text: bytes that are not UTF-8 as ``\xNN`` escapes, control
+    characters (a newline) as Python escapes.
+
+    >>> shown_name(os.fsdecode(b"caf\xe9.csv")), shown_name("a\nb.png")
+    ('caf\\xe9.csv', 'a\\nb.png')
+    """
+    text = os.fsencode(path).decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def name_problem(path: str | Path) -> str | None:
+    r"""Why the store cannot record ``path`` as text (not UTF-8, or a control character such
+    as a newline that would break the CSV and list files it is written to); ``None`` if it can.
+
+    >>> name_problem("a b.png") is None, name_problem("a\nb.png")
+    (True, 'holds a control character such as a newline')
+    """
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not UTF-8"
+    if any(not c.isprintable() and c != " " for c in text):
+        return "holds a control character such as a newline"
+    return None
+
+
+def check_file_names(paths: Sequence[Path], what: str) -> None:
+    """Refuse image files whose names are not UTF-8 (the store records names as text) or hold
+    a control character such as a newline (it would break the CSV and list files a name is
+    written to), every one named readably (:func:`shown_name`), before anything is written.
+
+    Raises:
+        ValueError: naming ``what`` and the files.
+    """
+    bad = [
+        f"{shown_name(p)} (its name {why})" for p in paths if (why := name_problem(p)) is not None
+    ]
+    if bad:
+        shown = "; ".join(bad[:10]) + (f"; and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise ValueError(
+            f"{what}: {len(bad)} file name(s) the store cannot record: {shown}. Rename them "
+            "(UTF-8, one line) and retry; nothing was written"
+        )

@@ -39,7 +39,10 @@ from eada.store.config import (  # noqa: F401  (their home moved to eada.store.c
     load_project_config,
     split_store_section,
 )
-from eada.store.roots import label_studio_root  # noqa: F401  (its home: eada.store.roots)
+from eada.store.roots import (
+    check_file_names,
+    label_studio_root,  # noqa: F401  (its home: eada.store.roots)
+)
 
 Progress = Callable[[str], None] | None
 
@@ -221,6 +224,13 @@ def load_store_images(
     lists = {"source": source, "target": target}
     if data.heldout is not None:
         lists["heldout"] = labeled_heldout(Path(data.heldout), source.classes, data.root)
+    if Path(data.source).resolve() == Path(data.target).resolve():
+        raise ImageDataError(
+            f"the source and target are the same ({data.source}): domain adaptation needs a "
+            "labeled source and a different target"
+        )
+    for role, il in lists.items():  # before anything is decoded or written
+        check_file_names(il.paths, f"{role} {il.name!r}")
     check = cached_feature_domains(data, model, device, progress)
     lists, bad = drop_bad_images(
         lists, data.skip_bad_images, check, check.extract if check else None
