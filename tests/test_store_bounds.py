@@ -164,3 +164,18 @@ def test_label_files_are_streamed_bounded_and_show_progress(tmp_path: Path, monk
     monkeypatch.setattr(labelfiles, "read_csv", None)  # no quotes: refused before parsing
     with pytest.raises(ValueError, match="1,001 rows, more than the 1,000"):
         labelfiles.read_label_file(f)
+
+
+DIGITS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "digits"
+
+
+@pytest.mark.skipif(not (DIGITS / "usps").is_dir(), reason="no digits data")
+def test_digits_image_size_is_bounded_too(monkeypatch) -> None:
+    from eada.data import digits
+
+    def no_resize(*a: object, **k: object) -> None:
+        raise AssertionError("resized")
+
+    monkeypatch.setattr(digits, "_to_tensor", no_resize)
+    with pytest.raises(ImageSizeError, match=r"data.image_size of usps 100000 is too large: "):
+        digits.load_digits("usps", DIGITS, "test", image_size=100_000)
