@@ -224,6 +224,8 @@ def verify_cache(path: Path, threads: int = 1) -> str | None:
     what its index recorded at fill time, or the index is unreadable); ``None`` when it is
     intact. A file already verified by this process (same size and modification time) is not
     read again."""
+    if not path.is_file():
+        return "its data file is missing (its index is there)"
     try:
         st = path.stat()
         with np.load(path.with_suffix(".npz")) as idx:
