@@ -505,7 +505,7 @@ class Store:
                 except OSError:
                     pass
             raise
-        (folder / "checkpoints").mkdir(exist_ok=True)
+        (folder / "checkpoints").mkdir(mode=PRIVATE_DIR, exist_ok=True)
 
     def _create_schema(self) -> None:
         """The schema (inside the caller's write transaction); the tables of a half-made
