@@ -160,6 +160,9 @@ def test_two_answers_needed_wait_credit_and_export(surf: Path, tmp_path: Path, c
     assert {int(v["sample_id"]): v["label"] for v in mine} == truth
     assert all(v["source"] == f"file {tmp_path / 'a.csv'}" and v["time"] for v in mine)
     assert {v["origin"] for v in mine} == {f"row {i}" for i in range(2, 8)}
+    # an export holding votes.csv is one of eada's: --force replaces it
+    assert main(["export", *s, "--out", str(tmp_path / "x"), "--force"]) == 0
+    capsys.readouterr()
     # the report credits both and shows their agreement
     from eada.reports.project import build_project_report
 
