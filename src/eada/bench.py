@@ -146,6 +146,16 @@ class GridRun:
         """The run's identity in ``runs.jsonl``."""
         return json.dumps([self.task, self.method, list(self.variant), self.seed])
 
+    def identity(self) -> dict[str, Any]:
+        """The fields every line of the run in ``runs.jsonl`` starts with (finished or not)."""
+        return {
+            "key": self.key,
+            "task": self.task,
+            "method": self.method,
+            "variant": list(self.variant),
+            "seed": self.seed,
+        }
+
     @property
     def config_sha(self) -> str:
         """Hash of the resolved config (detects stale results on resume)."""
@@ -283,11 +293,7 @@ def run_record(
         for h in res["history"]
     ]
     return {
-        "key": run.key,
-        "task": run.task,
-        "method": run.method,
-        "variant": list(run.variant),
-        "seed": run.seed,
+        **run.identity(),
         "strategy": run.config.active.strategy if run.config.active.enabled else None,
         "config_sha": run.config_sha,
         "config": run.config.resolved(),
@@ -471,11 +477,7 @@ def _where(outcome: Outcome) -> dict[str, Any]:
 def failure_record(run: GridRun, outcome: Outcome, code: dict[str, Any]) -> dict[str, Any]:
     """The line of a run that failed (its function raised) or was lost with its worker."""
     return {
-        "key": run.key,
-        "task": run.task,
-        "method": run.method,
-        "variant": list(run.variant),
-        "seed": run.seed,
+        **run.identity(),
         "status": "failed" if outcome.status == "failed" else "lost",
         "error": outcome.error,
         "error_type": outcome.error_type,
