@@ -9,6 +9,7 @@ elsewhere the test is skipped.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +149,10 @@ class DevTools:
                 self.proc.kill()
 
 
-def open_report(html: Path, screenshot: Path) -> dict[str, Any]:
-    """Load ``html`` in headless Chromium; return what the page shows and every error."""
+@contextlib.contextmanager
+def chromium_page(url: str) -> Iterator[DevTools]:
+    """Headless Chromium on a fresh profile, its Page, Runtime, Log and Network events on, once
+    ``url`` has loaded; closed afterwards, and its profile removed."""
     binary = _chromium()
     # Chromium's helper processes can still write to the profile for a moment after the main
     # process exits: clean up with retries instead of failing the test on a busy machine
@@ -157,44 +161,9 @@ def open_report(html: Path, screenshot: Path) -> dict[str, Any]:
         try:
             for domain in ("Page", "Runtime", "Log", "Network"):
                 b.call(f"{domain}.enable")
-            b.call("Page.navigate", url=html.resolve().as_uri())
+            b.call("Page.navigate", url=url)
             b.wait_for("Page.loadEventFired")
-            facts = b.call(
-                "Runtime.evaluate",
-                returnByValue=True,
-                expression="""({
-                  imgs: document.images.length,
-                  brokenImgs: [...document.images]
-                    .filter(i => !i.complete || i.naturalWidth === 0).length,
-                  svgs: document.querySelectorAll('figure svg').length,
-                  figures: document.querySelectorAll('figure').length,
-                  tables: document.querySelectorAll('table').length,
-                  rounds: document.querySelectorAll('table.rounds tbody tr').length,
-                  h2: [...document.querySelectorAll('h2')].map(h => h.textContent),
-                  height: document.documentElement.scrollHeight,
-                  title: document.title,
-                })""",
-            )["result"]["value"]
-            shot = b.call("Page.captureScreenshot", format="png", captureBeyondViewport=False)
-            screenshot.write_bytes(base64.b64decode(shot["data"]))
-            errors = []
-            requests = []
-            for e in b.events:
-                p = e.get("params", {})
-                if e["method"] == "Runtime.consoleAPICalled" and p.get("type") in (
-                    "error",
-                    "assert",
-                ):
-                    errors.append(("console", p.get("args")))
-                elif e["method"] == "Runtime.exceptionThrown":
-                    errors.append(("exception", p.get("exceptionDetails")))
-                elif e["method"] == "Log.entryAdded" and p["entry"]["level"] == "error":
-                    errors.append(("log", p["entry"].get("text")))
-                elif e["method"] == "Network.requestWillBeSent":
-                    requests.append(p["request"]["url"])
-            facts["errors"] = errors
-            facts["requests"] = requests
-            return dict(facts)
+            yield b
         finally:
             b.close()
             for _ in range(20):
@@ -202,6 +171,47 @@ def open_report(html: Path, screenshot: Path) -> dict[str, Any]:
                 if not os.path.exists(profile):
                     break
                 time.sleep(0.25)
+
+
+def open_report(html: Path, screenshot: Path) -> dict[str, Any]:
+    """Load ``html`` in headless Chromium; return what the page shows and every error."""
+    with chromium_page(html.resolve().as_uri()) as b:
+        facts = b.call(
+            "Runtime.evaluate",
+            returnByValue=True,
+            expression="""({
+              imgs: document.images.length,
+              brokenImgs: [...document.images]
+                .filter(i => !i.complete || i.naturalWidth === 0).length,
+              svgs: document.querySelectorAll('figure svg').length,
+              figures: document.querySelectorAll('figure').length,
+              tables: document.querySelectorAll('table').length,
+              rounds: document.querySelectorAll('table.rounds tbody tr').length,
+              h2: [...document.querySelectorAll('h2')].map(h => h.textContent),
+              height: document.documentElement.scrollHeight,
+              title: document.title,
+            })""",
+        )["result"]["value"]
+        shot = b.call("Page.captureScreenshot", format="png", captureBeyondViewport=False)
+        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        errors = []
+        requests = []
+        for e in b.events:
+            p = e.get("params", {})
+            if e["method"] == "Runtime.consoleAPICalled" and p.get("type") in (
+                "error",
+                "assert",
+            ):
+                errors.append(("console", p.get("args")))
+            elif e["method"] == "Runtime.exceptionThrown":
+                errors.append(("exception", p.get("exceptionDetails")))
+            elif e["method"] == "Log.entryAdded" and p["entry"]["level"] == "error":
+                errors.append(("log", p["entry"].get("text")))
+            elif e["method"] == "Network.requestWillBeSent":
+                requests.append(p["request"]["url"])
+        facts["errors"] = errors
+        facts["requests"] = requests
+        return dict(facts)
 
 
 def _check(facts: dict[str, Any], html: Path) -> None:
@@ -269,60 +279,51 @@ def test_docs_site_in_chromium(docs_site: Path, tmp_path: Path) -> None:
     """The documentation site opened as files (``file://``, no server): the API page's formulas
     are drawn by the site's own KaTeX, the search finds ``free_energy``, and nothing is
     requested from the network."""
-    binary = _chromium()
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
-        b = DevTools(binary, Path(profile))
-        try:
-            for domain in ("Page", "Runtime", "Log", "Network"):
-                b.call(f"{domain}.enable")
-            b.call("Page.navigate", url=(docs_site / "api/energy.html").as_uri())
-            b.wait_for("Page.loadEventFired")
-            math = _poll(
-                b,
-                """(() => { const all = document.querySelectorAll('.arithmatex').length;
-                   const drawn = document.querySelectorAll('.arithmatex .katex-html').length;
-                   return all > 0 && all === drawn ? [all, drawn] : null })()""",
-            )
-            assert math, "the formulas were not drawn by KaTeX"
-            # the search, from file:// (its worker runs in the vendored iframe shim)
-            b.call(
-                "Runtime.evaluate",
-                expression="""(() => {
-                  document.querySelector('label[for="__search"]').click();
-                  const input = document.querySelector('.md-search__input');
-                  input.value = 'free energy';
-                  input.dispatchEvent(new Event('input', {bubbles: true}));
-                })()""",
-            )
-            hits = _poll(
-                b,
-                """[...document.querySelectorAll('.md-search-result__item')]
-                   .map(e => e.textContent).join(' ')""",
-            )
-            assert hits and "free_energy" in hits, hits
-            # ... and the formulas in the results are drawn too, none left as \( ... \)
-            drawn = _poll(b, "document.querySelectorAll('.md-search-result .katex').length")
-            raw = b.call(
-                "Runtime.evaluate",
-                returnByValue=True,
-                expression=r"""[...document.querySelectorAll('.md-search-result__article')]
-                   .filter(a => a.textContent.includes('\\(')).length""",
-            )["result"]["value"]
-            assert drawn and raw == 0, (drawn, raw)
-            shot = b.call("Page.captureScreenshot", format="png")
-            (tmp_path / "energy.png").write_bytes(base64.b64decode(shot["data"]))
-            errors, requests = [], []
-            for e in b.events:
-                p = e.get("params", {})
-                if e["method"] == "Runtime.exceptionThrown" or (
-                    e["method"] == "Log.entryAdded" and p["entry"]["level"] == "error"
-                ):
-                    errors.append(p)
-                elif e["method"] == "Network.requestWillBeSent":
-                    requests.append(p["request"]["url"])
-            assert errors == []
-            external = [u for u in requests if not u.startswith(("file:", "data:", "about:"))]
-            assert external == [], f"the site asked the network for {external}"
-            assert any(u.endswith("katex/fonts/KaTeX_Main-Regular.woff2") for u in requests)
-        finally:
-            b.close()
+    with chromium_page((docs_site / "api/energy.html").as_uri()) as b:
+        math = _poll(
+            b,
+            """(() => { const all = document.querySelectorAll('.arithmatex').length;
+               const drawn = document.querySelectorAll('.arithmatex .katex-html').length;
+               return all > 0 && all === drawn ? [all, drawn] : null })()""",
+        )
+        assert math, "the formulas were not drawn by KaTeX"
+        # the search, from file:// (its worker runs in the vendored iframe shim)
+        b.call(
+            "Runtime.evaluate",
+            expression="""(() => {
+              document.querySelector('label[for="__search"]').click();
+              const input = document.querySelector('.md-search__input');
+              input.value = 'free energy';
+              input.dispatchEvent(new Event('input', {bubbles: true}));
+            })()""",
+        )
+        hits = _poll(
+            b,
+            """[...document.querySelectorAll('.md-search-result__item')]
+               .map(e => e.textContent).join(' ')""",
+        )
+        assert hits and "free_energy" in hits, hits
+        # ... and the formulas in the results are drawn too, none left as \( ... \)
+        drawn = _poll(b, "document.querySelectorAll('.md-search-result .katex').length")
+        raw = b.call(
+            "Runtime.evaluate",
+            returnByValue=True,
+            expression=r"""[...document.querySelectorAll('.md-search-result__article')]
+               .filter(a => a.textContent.includes('\\(')).length""",
+        )["result"]["value"]
+        assert drawn and raw == 0, (drawn, raw)
+        shot = b.call("Page.captureScreenshot", format="png")
+        (tmp_path / "energy.png").write_bytes(base64.b64decode(shot["data"]))
+        errors, requests = [], []
+        for e in b.events:
+            p = e.get("params", {})
+            if e["method"] == "Runtime.exceptionThrown" or (
+                e["method"] == "Log.entryAdded" and p["entry"]["level"] == "error"
+            ):
+                errors.append(p)
+            elif e["method"] == "Network.requestWillBeSent":
+                requests.append(p["request"]["url"])
+        assert errors == []
+        external = [u for u in requests if not u.startswith(("file:", "data:", "about:"))]
+        assert external == [], f"the site asked the network for {external}"
+        assert any(u.endswith("katex/fonts/KaTeX_Main-Regular.woff2") for u in requests)
