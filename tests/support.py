@@ -3,6 +3,7 @@ live Label Studio server's API (the ``label_studio`` fixture in ``conftest.py`` 
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import urllib.request
@@ -28,6 +29,16 @@ def toy_overrides(budget: int = 5) -> list[str]:
         "active.rounds_at=[1,2]",
         f"active.budget_per_round={budget}",
     ]
+
+
+def truth_rows(proj: Project, csv_path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a round's export CSV with each sample's true class name as its ``label``
+    (a simulated annotator who is always right)."""
+    with open(csv_path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        r["label"] = proj.classes[int(proj.task.target.y[int(r["index"])])]
+    return rows
 
 
 def toy_project(tmp_path: Path, budget: int = 5) -> Project:

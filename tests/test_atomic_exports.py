@@ -26,6 +26,7 @@ from eada.hparams import preset_config
 from eada.store import Project, init_project
 from eada.store import project as store_project
 from eada.store.exports import EXPORT_FILES
+from support import truth_rows
 
 TOY = [
     "data.n_per_class=60",
@@ -42,10 +43,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("atomic")
     proj = init_project(root / "p", preset_config("toy", "eada", 0, TOY))
     out = proj.query(budget=10)
-    with open(out["files"]["csv"], newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    for r in rows:
-        r["label"] = proj.classes[int(proj.task.target.y[int(r["index"])])]
+    rows = truth_rows(proj, out["files"]["csv"])
     proj.close()
     labels = root / "labels.csv"
     with open(labels, "w", newline="") as fh:

@@ -25,6 +25,7 @@ from eada.store import (
     init_project,
 )
 from eada.train import ActiveDATrainer
+from support import truth_rows
 
 TOY = [
     "data.n_per_class=60",
@@ -199,10 +200,7 @@ def queried(tmp_path: Path) -> tuple[Project, list[dict], Path]:
     cfg = preset_config("toy", "eada", 0, TOY)
     proj = init_project(tmp_path / "p", cfg)
     out = proj.query(budget=5)
-    with open(out["files"]["csv"], newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    for r in rows:
-        r["label"] = proj.classes[int(proj.task.target.y[int(r["index"])])]
+    rows = truth_rows(proj, out["files"]["csv"])
     return proj, rows, tmp_path
 
 

@@ -5,7 +5,6 @@ out of space (148 KB free on a small tmpfs) is the documented error, the store u
 
 from __future__ import annotations
 
-import csv
 import gc
 import hashlib
 import json
@@ -23,6 +22,7 @@ from eada.store import init_project
 from eada.store.config import MAX_ANNOTATOR_CHARS, check_annotator
 from eada.store.labelfiles import read_csv, read_json
 from eada.threads import memory_limit
+from support import truth_rows
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_atomic_exports import _fill, small_tmpfs  # noqa: F401  (the fixture, reused)
@@ -114,10 +114,7 @@ def test_train_with_148_kb_free_is_the_documented_error(tmp_path, small_tmpfs, c
     proj = init_project(tmp_path / "p", preset_config("toy", "eada", 0, over))
     proj.train()
     out = proj.query()
-    with open(out["files"]["csv"], newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    for r in rows:
-        r["label"] = proj.classes[int(proj.task.target.y[int(r["index"])])]
+    rows = truth_rows(proj, out["files"]["csv"])
     proj.close()
     f = tmp_path / "l.csv"
     _write_csv(f, rows)

@@ -26,6 +26,7 @@ from eada.store import Project, StoreError, init_project
 from eada.store import db as store_db
 from eada.store import project as store_project
 from eada.store.labelfiles import csv_safe
+from support import truth_rows
 
 TOY = [
     "data.n_per_class=60",
@@ -59,10 +60,7 @@ def queried(tmp_path: Path) -> tuple[Path, list[dict[str, Any]], list[str]]:
     true class names filled in, class names."""
     proj = init_project(tmp_path / "p", preset_config("toy", "eada", 0, TOY))
     out = proj.query(budget=10)
-    with open(out["files"]["csv"], newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    for r in rows:
-        r["label"] = proj.classes[int(proj.task.target.y[int(r["index"])])]
+    rows = truth_rows(proj, out["files"]["csv"])
     classes = list(proj.classes)
     proj.close()
     return tmp_path / "p", rows, classes
