@@ -21,16 +21,9 @@ import run_logs  # noqa: E402
 
 def _git_history() -> bool:
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--is-shallow-repository"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        return run_logs.git("rev-parse", "--is-shallow-repository").strip() == "false"
     except (OSError, subprocess.CalledProcessError):
         return False
-    return out == "false"
 
 
 def test_a_compressed_log_reads_as_the_plain_one_and_takes_appended_runs(tmp_path: Path) -> None:
