@@ -290,13 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--seeds", type=int, default=3, help="number of seeds (default 3)")
     d.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    from eada.hparams import TOY_PRESETS as DEMO_PRESETS
+    from eada.hparams import TOY_PRESETS
 
     d.add_argument(
         "--preset",
-        choices=DEMO_PRESETS,
-        default=DEMO_PRESETS[0],
-        help=f"which toy (default {DEMO_PRESETS[0]}; toy: the original, uncalibrated one)",
+        choices=TOY_PRESETS,
+        default=TOY_PRESETS[0],
+        help=f"which toy (default {TOY_PRESETS[0]}; toy: the original, uncalibrated one)",
     )
     add_threads_argument(d)
     d.set_defaults(func=_cmd_demo)

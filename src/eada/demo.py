@@ -29,8 +29,6 @@ from eada.train.loop import ActiveDATrainer
 #: Target errors (%) the paper reports for the toy example (Sec. "Toy example").
 PAPER_TOY_ERRORS: dict[str, float] = {"source_only": 52.0, "random": 8.5, "badge": 4.2, "eada": 1.0}
 DEMO_METHODS: tuple[str, ...] = ("source_only", "random", "badge", "eada", "eada_no_fea")
-#: The toy presets ``eada demo --preset`` accepts; the first is the default.
-DEMO_PRESETS: tuple[str, ...] = TOY_PRESETS
 #: What each demo preset is, for the notes and ``--help``.
 PRESET_NOTES: dict[str, str] = {
     "toy-calibrated": "the toy's open parameters are calibrated to the paper's Source-only and "
@@ -54,7 +52,7 @@ def run_demo(
     out: Path = Path("runs/demo"),
     methods: tuple[str, ...] = DEMO_METHODS,
     progress: Callable[[str], None] | None = None,
-    preset: str = DEMO_PRESETS[0],
+    preset: str = TOY_PRESETS[0],
 ) -> dict[str, Any]:
     """Run the toy benchmark and write ``results.json``, ``runs.jsonl`` and ``toy_fig5.png``.
 
@@ -63,7 +61,7 @@ def run_demo(
         out: output folder.
         methods: method names of :data:`eada.hparams.METHODS`.
         progress: called with a line of text after every run.
-        preset: one of :data:`DEMO_PRESETS` (the calibrated toy by default).
+        preset: one of :data:`eada.hparams.TOY_PRESETS` (the calibrated toy by default).
 
     Returns:
         The ``results.json`` content: per method the per-seed and mean target error in percent
@@ -71,8 +69,8 @@ def run_demo(
     """
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
-    if preset not in DEMO_PRESETS:
-        raise ValueError(f"--preset must be one of {', '.join(DEMO_PRESETS)}, got {preset!r}")
+    if preset not in TOY_PRESETS:
+        raise ValueError(f"--preset must be one of {', '.join(TOY_PRESETS)}, got {preset!r}")
     configs = {(m, s): preset_config(preset, m, s) for m in methods for s in range(seeds)}
     check_not_store(out)  # never a project store's folder
     out.mkdir(parents=True, exist_ok=True)
