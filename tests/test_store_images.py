@@ -359,8 +359,9 @@ def test_notebook_api_one_round(tmp_path: Path, office) -> None:
         frame = Frame()
     assert eada.import_labels(proj, frame, annotator="nb")["new"] == 3
     assert eada.import_labels(proj, records)["unchanged"] == 3
-    with pytest.raises(ValueError, match="unknown class name"):
-        eada.import_labels(proj, [{"sample_id": batch[0]["sample_id"], "label": "dog"}])
+    got = eada.import_labels(proj, [{"sample_id": batch[0]["sample_id"], "label": "dog"}])
+    assert "unknown class name 'dog'" in got["needs_attention"][0]["why"]  # that sample only
+    assert eada.import_labels(proj, records)["attention_cleared"] == [batch[0]["sample_id"]]
     proj.train()
     files = proj.export(tmp_path / "final")
     with open(files["predictions.csv"], newline="") as fh:

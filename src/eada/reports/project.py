@@ -309,6 +309,28 @@ def _project_parts(project: Any, folder: Path, per_round: int) -> tuple[list[str
             )
         else:
             parts.append("<p>No open dispute.</p>")
+        if st.get("needs_attention"):
+            parts.append("<h3>Samples that need attention</h3>")
+            parts.append(
+                '<p class="note">an answer that could not be used; not trained on until the '
+                "action is done</p>"
+            )
+            parts.append(
+                _table(
+                    ["sample", "file", "why", "annotator", "task", "action"],
+                    [
+                        [
+                            a["sample_id"],
+                            a["path"] or a.get("external_id") or "-",
+                            a["why"],
+                            a["annotator"],
+                            "-" if a["task"] is None else a["task"],
+                            a["action"],
+                        ]
+                        for a in st["needs_attention"]
+                    ],
+                )
+            )
         if st["agreement"]:
             parts.append(
                 _table(

@@ -130,7 +130,7 @@ class ProjectBase:
 
     def pending(self) -> list[sqlite3.Row]:
         """Selected samples of the last active round (not an audit round) that have no label
-        yet."""
+        yet (those that need attention aside: :mod:`eada.store.attention`)."""
         rounds = self.store.active_rounds()
         if not rounds:
             return []
@@ -139,7 +139,9 @@ class ProjectBase:
                 "SELECT rs.sample_id, s.position FROM round_samples rs "
                 "JOIN samples s ON s.id = rs.sample_id WHERE rs.round_id = ? AND "
                 "rs.rank IS NOT NULL AND s.position >= 0 AND NOT EXISTS "
-                "(SELECT 1 FROM labels l WHERE l.sample_id = rs.sample_id) ORDER BY rs.rank",
+                "(SELECT 1 FROM labels l WHERE l.sample_id = rs.sample_id) AND NOT EXISTS "
+                "(SELECT 1 FROM attention a WHERE a.sample_id = rs.sample_id AND a.cleared IS "
+                "NULL) ORDER BY rs.rank",
                 (rounds[-1]["id"],),
             )
         )

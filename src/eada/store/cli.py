@@ -253,6 +253,7 @@ def _cmd_label_import(args: argparse.Namespace) -> int:
     out = proj.import_labels(args.file, args.annotator, args.allow_unqueried, args.force)
     _say(f"imported {shown_name(args.file)} ({out['format']}): {import_summary(out)}")
     print_disputes(out["disputes"], args.store, proj=proj)
+    print_attention(out.get("needs_attention") or [])
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 
@@ -280,6 +281,24 @@ def print_disputes(
         _say(f"  {dispute_line(d)}")
     if len(disputes) > MAX_LISTED:
         _say(f"  ... and {len(disputes) - MAX_LISTED} more (eada status --json lists them all)")
+
+
+def print_attention(entries: list[dict[str, Any]], head: str = "") -> None:
+    """Each sample that needs attention on one line: what is wrong, the task, the annotator
+    and the one action that clears it (:func:`eada.store.attention.attention_line`)."""
+    from eada.store.attention import attention_line
+
+    if not entries:
+        return
+    n = len({a["sample_id"] for a in entries})
+    _say(
+        f"{n} {head}sample(s) need attention: an answer could not be used; everything else "
+        "was imported, and training goes on without them until the action is done"
+    )
+    for a in entries[:MAX_LISTED]:
+        _say(f"  {attention_line(a)}")
+    if len(entries) > MAX_LISTED:
+        _say(f"  ... and {len(entries) - MAX_LISTED} more (eada status --json lists them all)")
 
 
 def settle_hint(store: str, options: Any = None) -> str:
@@ -330,6 +349,11 @@ def import_summary(out: dict[str, Any]) -> str:
         from eada.store.agreement import awaiting_text
 
         text += f", {awaiting_text(out['awaiting'], out['answers_needed'])}"
+    if out.get("needs_attention"):
+        n_att = len({a["sample_id"] for a in out["needs_attention"]})
+        text += f", {n_att} need attention"
+    if out.get("attention_cleared"):
+        text += f", {len(out['attention_cleared'])} no longer need attention"
     n = out["pending"]
     verb = "sample awaits" if n == 1 else "samples await"
     return text + f"; {n} queried {verb} an answer"
@@ -442,6 +466,8 @@ def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
     _say_next(next_command(st["next"], store, proj))
     cols: tuple[str, ...] = ("round", "epoch", "strategy", "selected", "labeled", "skipped")
     cols += ("pending",) if st.get("answers_needed", 1) == 1 else ("pending", "awaiting")
+    if any(r.get("needs_attention") for r in st["rounds"]):
+        cols += ("needs_attention",)
     t = Table(title="rounds")
     for col in cols:
         t.add_column(col)
@@ -480,6 +506,7 @@ def _print_status(st: dict[str, Any], store: str, proj: Any = None) -> None:
         )
     if st.get("disputes"):
         print_disputes(st["disputes"], store, proj=proj)
+    print_attention(st.get("needs_attention") or [])
     for a in st.get("agreement") or []:
         kappa = "undefined" if a["kappa"] is None else f"{a['kappa']:.3f}"
         _say(

@@ -6,7 +6,7 @@ point leaves the database at its last committed state (SQLite's write-ahead log 
 Labels are never updated in place: a correction is a new row whose ``supersedes`` points at the
 row it replaces, so the whole labeling history stays readable.
 
-Schema version 3 (``meta.schema_version``; an older store is migrated when it is first
+Schema version 4 (``meta.schema_version``; an older store is migrated when it is first
 opened for writing, see :meth:`Store.migrate`):
 
 =============== ==========================================================================
@@ -25,9 +25,15 @@ imports         one label import: file, its SHA-256, format, counts (skips inclu
 votes           every answer each annotator gave (label or skip), where it came from (a file's
                 row, a Label Studio task id): agreement between annotators and disputes
                 are read from the newest vote of each annotator for a sample
+                (``answered``/``updated``: the annotation's own times where the source
+                gives them, e.g. Label Studio's; ``deleted``: when a pull found it gone)
 disputes        a sample whose annotators disagree: opened when an import cannot settle it
                 (``store.conflicts``), ``resolved`` (time) and ``how`` once a policy, a
                 reviewer or agreeing answers settle it
+attention       an answer that cannot be used (an unknown class, one annotator's answers
+                that contradict each other, an empty submission, a deleted task): the sample
+                *needs attention* (``why``, the annotator, the task, the action that clears
+                it) until ``cleared``; everything else imports
 checkpoints     trainer checkpoint files with their SHA-256, epoch, segment and metrics
 =============== ==========================================================================
 """
@@ -48,7 +54,7 @@ from typing import Any
 
 from eada.runs import STORE_DB_NAME
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DB_NAME = STORE_DB_NAME  # eada.runs names it: its output guard protects the file
 
 _SCHEMA = """
@@ -130,6 +136,9 @@ CREATE TABLE votes (
     created TEXT NOT NULL,
     import_id INTEGER REFERENCES imports (id),
     origin TEXT,
+    answered TEXT,
+    updated TEXT,
+    deleted TEXT,
     CHECK ((class_id IS NULL) <> (skip_reason IS NULL))
 );
 CREATE INDEX votes_sample ON votes (sample_id, annotator);
@@ -139,6 +148,20 @@ CREATE TABLE disputes (
     resolved TEXT,
     how TEXT
 );
+CREATE TABLE attention (
+    id INTEGER PRIMARY KEY,
+    sample_id INTEGER NOT NULL REFERENCES samples (id),
+    annotator TEXT NOT NULL,
+    why TEXT NOT NULL,
+    task INTEGER,
+    origin TEXT,
+    source TEXT,
+    action TEXT NOT NULL,
+    opened TEXT NOT NULL,
+    cleared TEXT,
+    how TEXT
+);
+CREATE UNIQUE INDEX attention_open ON attention (sample_id, annotator) WHERE cleared IS NULL;
 """
 # One first label a sample (and ``supersedes`` UNIQUE): a sample's labels form one chain, so
 # exactly one is in force whatever two writers do. Added on open to stores made before it.
@@ -167,6 +190,7 @@ _MIGRATE_V2 = [
     stmt.strip()
     .replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
     .replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ")
+    .replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX IF NOT EXISTS ")
     for stmt in _SCHEMA[_SCHEMA.index("CREATE TABLE votes") :].split(";")
     if stmt.strip()
 ] + [
@@ -175,6 +199,16 @@ _MIGRATE_V2 = [
     "'label history' FROM labels l WHERE l.id = (SELECT MAX(m.id) FROM labels m "
     "WHERE m.sample_id = l.sample_id AND m.annotator = l.annotator) AND NOT EXISTS (SELECT 1 "
     "FROM votes x WHERE x.sample_id = l.sample_id AND x.annotator = l.annotator) ORDER BY l.id",
+]
+# Version 3 -> 4: the annotation's own times and a deletion mark on ``votes`` (NULL for the
+# answers already there) and the ``attention`` table (empty: version 3 refused such imports).
+_V4_VOTE_COLUMNS = ("answered", "updated", "deleted")
+_MIGRATE_V3 = [
+    stmt.strip()
+    .replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
+    .replace("CREATE UNIQUE INDEX ", "CREATE UNIQUE INDEX IF NOT EXISTS ")
+    for stmt in _SCHEMA[_SCHEMA.index("CREATE TABLE attention") :].split(";")
+    if stmt.strip()
 ]
 AUDIT = "audit"
 """The ``rounds.strategy`` of an audit round (``eada query --audit N``): uniformly random
@@ -403,7 +437,7 @@ class Store:
         >>> import tempfile
         >>> s = Store(Path(tempfile.mkdtemp()) / "p", create=True)
         >>> s.get_meta("schema_version")
-        '3'
+        '4'
     """
 
     def __init__(
@@ -568,7 +602,8 @@ class Store:
         """Bring a store of an older schema ``version`` to :data:`SCHEMA_VERSION` in one
         transaction (nothing changes if it fails). Version 1 -> 2 adds skips: the labels table
         is rebuilt with every row kept (ids, corrections and imports included); 2 -> 3 adds
-        ``votes`` (filled from the label history) and ``disputes``.
+        ``votes`` (filled from the label history) and ``disputes``; 3 -> 4 adds the answers'
+        own times and deletion mark (``votes``) and ``attention``.
 
         A store this user may not write is upgraded in memory only: its file is copied into an
         in-memory database (SQLite's backup API, one consistent snapshot), which is upgraded
@@ -609,6 +644,13 @@ class Store:
                 pass  # a store that already holds two first labels: kept as it is
         if version <= 2:
             for stmt in _MIGRATE_V2:
+                c.execute(stmt)
+        if version <= 3:
+            have = {str(r[1]) for r in c.execute("PRAGMA table_info(votes)")}
+            for col in _V4_VOTE_COLUMNS:
+                if col not in have:
+                    c.execute(f"ALTER TABLE votes ADD COLUMN {col} TEXT")
+            for stmt in _MIGRATE_V3:
                 c.execute(stmt)
         bad = c.execute("PRAGMA foreign_key_check").fetchall()
         if bad:

@@ -44,6 +44,10 @@ class LabelItem:
             list or feature file), used when neither ``sample_id`` nor ``path`` is given.
         skip: why the sample is unusable (out of class, unreadable, ambiguous): a skip instead
             of a label; ``None`` for a label.
+        task: the Label Studio task the answer came from (``None`` for a file's row).
+        answered: when the answer was given, as its source says (Label Studio's
+            ``created_at``), or ``None``.
+        updated: when it was last changed there (``updated_at``), or ``None``.
     """
 
     where: str
@@ -53,6 +57,9 @@ class LabelItem:
     annotator: str | None = None
     external_id: str | None = None
     skip: str | None = None
+    task: int | None = None
+    answered: str | None = None
+    updated: str | None = None
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import torch
 
+from eada.store import attention
 from eada.store.agreement import (
     Vote,
     awaiting_answers,
@@ -25,7 +26,7 @@ from eada.store.agreement import (
 from eada.store.checkpoints import ProjectCheckpoints, crash_point, file_sha256
 from eada.store.config import FolderData, check_annotator
 from eada.store.data import confine, content_hash, decode_image, shown_name
-from eada.store.db import StoreError, how, now
+from eada.store.db import StoreError, how, now, q
 from eada.store.labelfiles import LabelItem, read_label_file, records_to_items
 from eada.store.unlabeled import external_ids
 from eada.train import SimulatedOracle
@@ -142,12 +143,16 @@ class ProjectLabels(ProjectCheckpoints):
 
     def _labels_tensor(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The labels training uses: every label in force but those of audit samples (kept
-        out so that the audit stays an unbiased sample the model never saw a label of)."""
+        out so that the audit stays an unbiased sample the model never saw a label of) and of
+        samples that need attention (an annotator's answer could not be used)."""
         audit = self.store.audit_sample_ids()
+        held = attention.open_ids(self.store.conn)  # an unusable answer: kept out until fixed
         rows = [
             r
             for r in self.store.current_labels()
-            if r["sample_id"] not in audit and r["position"] >= 0  # < 0: the file vanished
+            if r["sample_id"] not in audit
+            and r["sample_id"] not in held
+            and r["position"] >= 0  # < 0: the file vanished
         ]
         idx = torch.tensor([r["position"] for r in rows], dtype=torch.long)
         lab = torch.tensor([r["class_id"] for r in rows], dtype=torch.long)
@@ -259,6 +264,7 @@ class ProjectLabels(ProjectCheckpoints):
         class_id = {n: i for i, n in enumerate(self.classes)}
         roots = self.store.roots()
         chosen: dict[int, dict[str, tuple[LabelItem, int | None]]] = {}
+        unusable: dict[tuple[int, str], list[tuple[LabelItem, str]]] = {}
         by_external = external_ids(conn) if any(it.external_id for it in items) else {}
         for it in items:
             sample = None
@@ -312,29 +318,40 @@ class ProjectLabels(ProjectCheckpoints):
                     "target samples take labels"
                 )
                 continue
-            k: int | None = None
-            if it.label is not None:
-                if it.label not in class_id:
-                    known = ", ".join(self.classes[:12])
-                    known += " ..." if len(self.classes) > 12 else ""
-                    problems.append(f"{it.where}: unknown class name {it.label!r} (known: {known})")
-                    continue
-                k = class_id[it.label]
             who = it.annotator or annotator
             try:
                 check_annotator(who, f"{it.where}: annotator")
             except ValueError as err:
                 problems.append(str(err))
                 continue
-            prev = chosen.get(sample["id"], {}).get(who)
+            sid = int(sample["id"])
+            k: int | None = None
+            if it.label is not None:
+                if it.label not in class_id:
+                    # an unusable answer: this sample needs attention, the rest imports
+                    known = ", ".join(self.classes[:12])
+                    known += " ..." if len(self.classes) > 12 else ""
+                    unusable.setdefault((sid, who), []).append(
+                        (it, f"unknown class name {it.label!r} (known: {known})")
+                    )
+                    continue
+                k = class_id[it.label]
+            prev = chosen.get(sid, {}).get(who)
             if prev is not None and (prev[1], prev[0].skip) != (k, it.skip):
-                problems.append(
-                    f"{it.where}: sample {sample['id']}{_where(conn, sample['id'])}: {who} "
-                    f"{_answer(it, present=True)} but {prev[0].where} {_answer(prev[0])} "
-                    "(conflicting duplicates of one annotator)"
+                why = (
+                    f"{_answer(prev[0])} ({prev[0].where}) and {_answer(it)} ({it.where}): "
+                    "conflicting duplicates of one annotator"
                 )
+                unusable.setdefault((sid, who), []).extend([(prev[0], why), (it, why)])
                 continue
-            chosen.setdefault(sample["id"], {})[who] = (it, k)
+            chosen.setdefault(sid, {})[who] = (it, k)
+        for sid, who in unusable:  # none of an annotator's answers with a problem is used
+            chosen.get(sid, {}).pop(who, None)
+            if sid in chosen and not chosen[sid]:
+                del chosen[sid]
+        quarantined = [
+            self._problem(sid, who, got, source_name, fmt) for (sid, who), got in unusable.items()
+        ]
         for sid, by_who in chosen.items():
             s = conn.execute("SELECT * FROM samples WHERE id = ?", (sid,)).fetchone()
             labeled = [(it, k) for it, k in by_who.values() if k is not None]
@@ -439,8 +456,18 @@ class ProjectLabels(ProjectCheckpoints):
                 else:
                     n_fix += 1
                 changes.append((sid, winner, old, it_w))
+            cleared = attention.clear(
+                c,
+                {
+                    (sid, who): it.where
+                    for sid, by_who in chosen.items()
+                    for who, (it, _) in by_who.items()
+                },
+                stamp,
+            )
+            attention.record(c, quarantined, source_name, stamp)
             import_id = None
-            if changes or new_votes or opened or settled:
+            if changes or new_votes or opened or settled or quarantined or cleared:
                 # a file that changes nothing (re-imported, header only) leaves no trace
                 if changes:
                     self._set_mode(source)
@@ -452,9 +479,9 @@ class ProjectLabels(ProjectCheckpoints):
                 import_id = cur.lastrowid
             c.executemany(
                 "INSERT INTO votes (sample_id, annotator, class_id, skip_reason, created, "
-                "import_id, origin) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "import_id, origin, answered, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (sid, who, k, it.skip, stamp, import_id, it.where)
+                    (sid, who, k, it.skip, stamp, import_id, it.where, it.answered, it.updated)
                     for sid, who, it, k in new_votes
                 ],
             )
@@ -490,6 +517,8 @@ class ProjectLabels(ProjectCheckpoints):
             crash_point("import:before_commit")
             disputes = [d for d in open_disputes(c) if d["sample_id"] in chosen]
             awaiting = awaiting_answers(c, opts.answers_needed)
+            needing = attention.needs_attention(c)
+        quarantined_ids = [p.sample_id for p in quarantined]
         return {
             "file": source_name,
             "format": fmt,
@@ -503,9 +532,45 @@ class ProjectLabels(ProjectCheckpoints):
             "settled": len(settled) + n_policy,  # only what this write changed
             "awaiting": [a for a in awaiting if a["sample_id"] in chosen],
             "awaiting_total": len(awaiting),
+            "needs_attention": [a for a in needing if a["sample_id"] in set(quarantined_ids)],
+            "needs_attention_total": len(needing),
+            "attention_cleared": [sid for sid in cleared if sid not in set(quarantined_ids)],
             "answers_needed": opts.answers_needed,
             "pending": len(self.pending()),
         }
+
+    def _problem(
+        self, sid: int, who: str, got: list[tuple[LabelItem, str]], source_name: str, fmt: str
+    ) -> attention.Problem:
+        """The entry that puts sample ``sid`` in *needs attention* for ``who``'s unusable
+        answers ``got`` (each item and what is wrong with it), with the action that clears
+        it: the annotator's usable answer, from a corrected file or a re-served task."""
+        whys = list(dict.fromkeys(why for _, why in got))
+        wheres = list(dict.fromkeys(it.where for it, _ in got))
+        tasks = [it.task for it, _ in got if it.task is not None]
+        store = q(self.folder)
+        if fmt == "label-studio-live":
+            action = "re-serve the task to the annotator and pull their new answer: " + how(
+                f"eada labelstudio reopen {sid} --store {store}",
+                f"eada.store.labelstudio.reopen(project, [{sid}])",
+            )
+        elif fmt == "records":
+            action = (
+                f"import a corrected record (a class of the project, or a skip) for sample {sid} "
+                f"by {who}: " + how("eada label import FILE", "project.import_labels(records)")
+            )
+        else:
+            action = (
+                f"correct {' and '.join(wheres)} of {source_name} (one answer: a class of the "
+                "project, or a skip) and import it again: "
+                + how(
+                    f"eada label import {q(source_name)} --store {store}",
+                    f"project.import_labels({source_name!r})",
+                )
+            )
+        return attention.Problem(
+            sid, who, "; ".join(whys), action, ", ".join(wheres), tasks[-1] if tasks else None
+        )
 
     def _check_file(self, sample: sqlite3.Row, where: str) -> list[str]:
         path = Path(sample["path"])

@@ -47,6 +47,7 @@ from eada.store.agreement import (
     pairwise_agreement,
     vote_rows,
 )
+from eada.store.attention import needs_attention
 from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import SETTABLE, StoreOptions, absolute_config, resolved_config
@@ -440,6 +441,7 @@ class Project(ProjectRounds):
             "history": history,
             "accuracy": accuracy_summary(self, history),
             "disputes": open_disputes(conn),
+            "needs_attention": needs_attention(conn),
             "answers_needed": self.options.answers_needed,
             "awaiting": awaiting_answers(conn, self.options.answers_needed),
             "answers_by_annotator": answers_by_annotator(conn),

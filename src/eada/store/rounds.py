@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eada.store import labelstudio
+from eada.store import attention, labelstudio
 from eada.store.agreement import awaiting_counts, open_disputes
 from eada.store.checkpoints import crash_point
 from eada.store.db import AUDIT, PRIVATE_DIR, StoreError, how, now, q
@@ -161,23 +161,29 @@ class ProjectRounds(ProjectLabels):
     def round_counts(self, round_id: int) -> dict[str, int]:
         """A round's ``selected`` samples and how many are ``labeled``, ``skipped`` (marked
         unusable) and ``pending`` (no answer in force yet), of those ``awaiting`` (answered,
-        but by fewer annotators than ``store.answers_needed``)."""
-        n_sel = n_lab = n_skip = n_wait = 0
+        but by fewer annotators than ``store.answers_needed``); ``needs_attention``: without
+        an answer in force because an answer could not be used (:mod:`eada.store.attention`),
+        not counted as pending."""
+        n_sel = n_lab = n_skip = n_wait = n_att = 0
         answers = {a["sample_id"]: a for a in self.store.answers()}
         waiting = awaiting_counts(self.store.conn)
+        quarantined = attention.open_ids(self.store.conn)
         for s in self.store.selected(round_id):
             n_sel += 1
             ans = answers.get(s["sample_id"])
             if ans is not None:
                 n_lab += ans["class_id"] is not None
                 n_skip += ans["class_id"] is None
+            elif s["sample_id"] in quarantined:
+                n_att += 1
             n_wait += s["sample_id"] in waiting
         return {
             "selected": n_sel,
             "labeled": n_lab,
             "skipped": n_skip,
-            "pending": n_sel - n_lab - n_skip,
+            "pending": n_sel - n_lab - n_skip - n_att,
             "awaiting": n_wait,
+            "needs_attention": n_att,
         }
 
     @stamps_on_success

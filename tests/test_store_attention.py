@@ -1,0 +1,105 @@
+"""A team that never stalls, on label files (no Label Studio server): an unusable answer (an
+unknown class, one annotator's answers that contradict each other) puts that one sample in
+*needs attention* while the rest imports and `train`/`train --partial` go on; `status`
+(text and JSON) names each sample with its action, and following the action clears it."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from eada.cli import main
+from eada.store import Project
+from support import flat as _flat
+from support import toy_project
+
+
+@pytest.fixture
+def proj(tmp_path: Path) -> Project:
+    return toy_project(tmp_path, 6)
+
+
+def _ids(p: Project) -> list[int]:
+    with open(p.folder / "exports" / "round-001.csv", newline="") as fh:
+        return [int(r["sample_id"]) for r in csv.DictReader(fh)]
+
+
+def _csv(path: Path, rows: list[tuple[int, str, str]]) -> Path:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["sample_id", "label", "annotator"])
+        w.writerows(rows)
+    return path
+
+
+def test_unusable_answers_stop_one_sample_not_the_team(
+    proj: Project, tmp_path: Path, capsys
+) -> None:
+    ids = _ids(proj)
+    a, b = proj.classes[0], proj.classes[1]
+    s = ["--store", str(proj.folder)]
+    rows = [
+        (ids[0], "caat", "alice"),  # not a class of the project
+        (ids[1], a, "alice"),
+        (ids[1], b, "alice"),  # alice contradicts herself
+        (ids[2], a, "alice"),
+        (ids[3], b, "alice"),
+        (ids[4], a, "alice"),
+    ]
+    f = _csv(tmp_path / "round-001.csv", rows)
+    assert main(["label", "import", str(f), *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "3 new" in out and "2 need attention" in out
+    assert f"sample {ids[0]} needs attention: unknown class name 'caat'" in out
+    assert "correct row 2 of" in out and "correct row 3 and row 4 of" in out
+    st = proj.status()
+    assert st["n_labeled"] == 3 and st["rounds"][0]["needs_attention"] == 2
+    assert st["rounds"][0]["pending"] == 1  # ids[5]: nobody answered it yet
+    assert main(["train", "--partial", *s]) == 0  # the rest trains
+    capsys.readouterr()
+    assert proj.store.latest_checkpoint()["n_labeled"] == 3
+    assert main(["status", *s, "--json"]) == 0
+    js = json.loads(capsys.readouterr().out)
+    att = js["needs_attention"]
+    assert [x["sample_id"] for x in att] == sorted([ids[0], ids[1]])
+    for x in att:
+        assert x["annotator"] == "alice" and x["task"] is None
+        assert "eada label import" in x["action"] and x["why"]
+    assert main(["status", *s]) == 0
+    text = _flat(capsys.readouterr().out)
+    assert "2 sample(s) need attention" in text and "annotator alice" in text
+    from eada.reports.project import build_project_report
+
+    html = build_project_report(proj.folder, tmp_path / "r.html").read_text()
+    assert "Samples that need attention" in html and "unknown class name" in html
+    # following the action (the rows corrected, the file imported again) clears both
+    rows[0] = (ids[0], a, "alice")
+    rows[2] = (ids[1], a, "alice")
+    _csv(f, [*rows, (ids[5], b, "alice")])
+    assert main(["label", "import", str(f), *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "2 no longer need attention" in out
+    st = proj.status()
+    assert st["needs_attention"] == [] and st["n_labeled"] == 6
+    assert st["rounds"][0]["pending"] == 0 and st["next"] == "query"  # --partial trained on
+
+
+def test_a_plain_train_goes_on_without_the_sample_and_a_repeat_keeps_it(
+    proj: Project, tmp_path: Path
+) -> None:
+    """Every other sample answered: `eada train` (not only --partial) trains without the
+    sample that needs attention; importing the same bad row again keeps one entry."""
+    ids = _ids(proj)
+    a = proj.classes[0]
+    rows = [(i, a, "bob") for i in ids[1:]]
+    f = _csv(tmp_path / "r.csv", [(ids[0], "dog", "bob"), *rows])
+    got = proj.import_labels(f)
+    assert [x["sample_id"] for x in got["needs_attention"]] == [ids[0]]
+    again = proj.import_labels(f)
+    assert again["needs_attention_total"] == 1 and again["unchanged"] == 5
+    assert proj.next_action() == "train"
+    proj.train()
+    assert proj.store.latest_checkpoint()["n_labeled"] == 5
