@@ -160,6 +160,7 @@ def test_human_round_trip_on_digits(tmp_path: Path, digits_root: Path, capsys) -
             "skipped": 0,
             "pending": 0,
             "awaiting": 0,
+            "needs_attention": 0,
         }
     ]
     assert st["annotators"] == {
