@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from eada.config import ConfigError
 from eada.data.base import TensorDomain
@@ -276,6 +277,39 @@ def test_reference_rule_plan_matches_two_ceilings() -> None:
     tr = ActiveDATrainer(cfg, load_task(cfg.data, 0))
     # n1 = ceil(0.5 * 1000) = 500 of the whole target set; n2 = ceil(500 * 0.01 / 0.5) = 10
     assert [(p["stage1"], p["budget"]) for p in tr.plan] == [(500, 10)] * 3
+
+
+def test_scoring_passes_run_on_the_models_device() -> None:
+    """``predict_energies``, ``score_pool`` and ``embed_samples`` move each batch to the
+    model's device unless told otherwise (they moved it to the CPU: a model on CUDA then
+    failed, "Expected all tensors to be on the same device"). The ``meta`` device stands in
+    for CUDA here: the model records where its inputs came."""
+    from eada.models.base import EnergyNet
+    from eada.train.evaluate import embed_samples, model_device, predict_energies, score_pool
+
+    seen: list[str] = []
+
+    class Where(nn.Module):
+        def __init__(self, out: int) -> None:
+            super().__init__()
+            self.out = out
+            self.w = nn.Parameter(torch.empty(1, device="meta"))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(x.device.type)
+            return torch.zeros(len(x), self.out)
+
+    dom = _domain(10, 2, "t")
+    assert model_device(Where(2)).type == "meta"
+    assert model_device(nn.ReLU()).type == "cpu"  # no parameter, no buffer
+    assert predict_energies(Where(2), dom, batch_size=4).shape == (10, 2)
+    score_pool(Where(2), dom, torch.arange(10), ("free_energy",), batch_size=4)
+    net = EnergyNet(Where(3), 3, 2)  # its first parameter (the backbone's) on meta
+    assert embed_samples(net, dom, torch.arange(10), batch_size=5).shape == (10, 3)
+    assert seen == ["meta"] * 8
+    seen.clear()
+    predict_energies(Where(2), dom, batch_size=10, device="cpu")  # told otherwise
+    assert seen == ["cpu"]
 
 
 def test_scoring_passes_report_batch_progress() -> None:

@@ -17,20 +17,34 @@ from eada.strategies import PoolOutputs
 from eada.train.base import TrainerBase
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model`` lives: the device of its first parameter (else buffer); the CPU for a
+    model with neither.
+
+    >>> model_device(nn.Linear(2, 2))
+    device(type='cpu')
+    """
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
 @torch.no_grad()
 def predict_energies(
     model: nn.Module,
     domain: Domain,
     indices: torch.Tensor | None = None,
     batch_size: int = 512,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Energies ``(N, C)`` of ``domain[indices]`` (all samples by default), model in eval mode,
-    inputs in the domain's ``test`` view."""
+    inputs in the domain's ``test`` view, moved to ``device`` (default: the model's,
+    :func:`model_device`); the energies come back on the CPU."""
     model.eval()
+    dev = model_device(model) if device is None else device
     idx = torch.arange(len(domain)) if indices is None else indices
     xs = iterate_inputs(domain.view("test"), chunks(idx, batch_size))
-    out = [model(x.to(device)).float().cpu() for x in xs]
+    out = [model(x.to(dev)).float().cpu() for x in xs]
     return torch.cat(out) if out else torch.empty(0, 0)
 
 
@@ -72,7 +86,7 @@ def score_pool(
     indices: torch.Tensor,
     needs: tuple[str, ...],
     batch_size: int = 512,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
     free_energy_tau: float = 1.0,
 ) -> PoolOutputs:
     """One eval-mode pass over the pool, keeping only what the strategy ``needs``.
@@ -83,9 +97,11 @@ def score_pool(
     A strategy that needs only ``free_energy``/``mvsm`` gets two float32 a sample (plus the
     int32 predicted class, for the error rate of the selected samples), never the ``(N, C)``
     energies; ``energies`` and ``embeddings`` are kept only when asked for.
-    Inputs come in the domain's ``score`` view (image domains: the scoring transform).
+    Inputs come in the domain's ``score`` view (image domains: the scoring transform), moved
+    to ``device`` (default: the model's, :func:`model_device`).
     """
     model.eval()
+    device = model_device(model) if device is None else device
     keep_e = "energies" in needs
     keep_z = "embeddings" in needs
     f, u, p, es, zs = [], [], [], [], []
@@ -119,14 +135,16 @@ def embed_samples(
     domain: Domain,
     indices: torch.Tensor,
     batch_size: int = 512,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
 ) -> np.ndarray:
     """Penultimate features ``(len(indices), D)`` of ``domain[indices]`` (eval mode), for
     strategies that compare the pool with the labeled target set or the source (CoreSet, DBAL).
-    Needs an :class:`EnergyNet`; ``(0, D)`` for no indices."""
+    Needs an :class:`EnergyNet`; ``(0, D)`` for no indices. Inputs go to ``device`` (default:
+    the model's, :func:`model_device`)."""
     if not isinstance(model, EnergyNet):
         raise TypeError("embeddings need an EnergyNet (a model with .embed)")
     model.eval()
+    device = model_device(model) if device is None else device
     xs = iterate_inputs(domain.view("score"), chunks(indices, batch_size))
     zs = [model.embed(x.to(device)).float().cpu() for x in xs]
     if zs:
