@@ -4,6 +4,7 @@ same."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from eada.data.transforms import (
 from eada.experiment import run_once
 
 sys.path.insert(0, str(Path(__file__).parent))
+from support import real_data
 from test_images import _make_domain
 
 OFFICE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "office31"
@@ -194,8 +196,7 @@ class _PoolCounter:
 @pytest.fixture
 def office80(tmp_path: Path) -> tuple[Path, Path]:
     """40 amazon(subset) and 40 webcam images of ``../shared/data/office31`` as list files."""
-    if not (OFFICE / "webcam").is_dir():
-        pytest.skip(f"real data not found at {OFFICE}")
+    real_data("office31/webcam")
     out = []
     for dom in ("amazon", "webcam"):
         il = scan_domain_folder(OFFICE / dom)
@@ -312,25 +313,99 @@ def test_losses_read_back_every_n_steps_give_the_same_run(monkeypatch: pytest.Mo
 
 
 def test_a_non_finite_loss_is_caught_at_the_cadence() -> None:
-    tr = _toy(4)
-    tr.task.source.x[:] = float("nan")  # every energy NaN from the first step
-    with pytest.raises(FloatingPointError, match=r"non-finite within steps \d+-\d+ of epoch"):
-        tr.run()
+    """NaN energies are the same error whether each step is read back (the CPU's default) or
+    a window of steps at once (CUDA's; here ``sync_every 4`` on the CPU): on CUDA it was a
+    ``FloatingPointError`` about the loss where the CPU named the energies."""
+    from eada.energy import NonFiniteEnergiesError
+
+    for every in (1, 4):
+        tr = _toy(every)
+        tr.task.source.x[:] = float("nan")  # every energy NaN from the first step
+        with pytest.raises(NonFiniteEnergiesError, match="energies contain NaN or infinite") as e:
+            tr.run()
+        if every > 1:  # the window it happened in
+            assert re.search(r"\(\d+ rows within steps 1-4 of epoch 1\)", str(e.value))
+    # finite energies but a loss that is not: the loss's error, at the cadence
+    from eada.train.step import NONFINITE_ROWS, StepMixin
+
+    sums = {"loss": torch.tensor(float("inf")), NONFINITE_ROWS: torch.tensor(0)}
+    with pytest.raises(FloatingPointError, match=r"non-finite within steps 1-4 of epoch 1"):
+        StepMixin.check_finite(sums, "steps 1-4 of epoch 1")
+    sums = {"loss": torch.tensor(1.0), NONFINITE_ROWS: torch.tensor(0)}
+    StepMixin.check_finite(sums, "steps 1-4 of epoch 1")
+    assert list(sums) == ["loss"]  # the count is taken out: it is no loss to log
     auto = _toy(0)  # auto: every step on the CPU (checked before the update), 25 on CUDA
     assert auto.sync_every == (25 if auto.device.type == "cuda" else 1)
 
 
 def test_train_compile_wraps_the_step_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     """``train.compile``: the step's forward passes go through ``torch.compile`` (recorded
-    here: inductor needs a compiler this test does not assume); off by default."""
+    here: inductor needs a compiler this test does not assume); off by default.
+    ``train.compile_mode`` turns it on with that mode; ``reduce-overhead`` (CUDA graphs)
+    compiles as ``default`` on the CPU; both recorded in ``step_setup``."""
     from eada.train.forward import StepForward
 
     seen: list[Any] = []
-    monkeypatch.setattr(torch, "compile", lambda m, **kw: seen.append(m) or m)
-    assert _toy(1)._step is not None and not seen
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: seen.append((m, kw)) or m)
+    tr = _toy(1)
+    assert not seen and tr.step_setup["compile_mode"] is None and not tr.cuda_graphs
     tr = _toy(1, "train.compile=true")
-    assert len(seen) == 1 and isinstance(seen[0], StepForward)
+    assert len(seen) == 1 and isinstance(seen[0][0], StepForward)
+    assert seen[0][1] == {"mode": "default"} and tr.step_setup["compile_mode"] == "default"
     assert set(tr.train_step()) >= {"loss", "delta"}
+    seen.clear()
+    tr = _toy(1, "train.compile_mode=reduce-overhead")
+    assert tr.cfg.train.compile and seen[0][1] == {"mode": "default"} and not tr.cuda_graphs
+    tr = _toy(1, "train.compile_mode=max-autotune")
+    assert (
+        seen[1][1] == {"mode": "max-autotune"} and tr.step_setup["compile_mode"] == "max-autotune"
+    )
+
+
+def test_compile_mode_and_cudnn_benchmark_in_a_config() -> None:
+    """``train.compile_mode`` and ``train.cudnn_benchmark`` are config keys (``eada run
+    --set``), validated; ``reduce-overhead`` is CUDA graphs on CUDA only; cuDNN's benchmark
+    flag is set (either way) for a run on CUDA and untouched on the CPU."""
+    from eada.cli import main
+    from eada.config import ConfigError
+    from eada.hparams import preset_config
+    from eada.train.step import compile_mode_on, set_cudnn_benchmark
+
+    sets = ["--set", "train.cudnn_benchmark=true", "--set", "train.compile_mode=reduce-overhead"]
+    assert main(["run", "toy", "--dry-run", *sets]) == 0
+    cfg = preset_config("toy", "eada", 0, ["train.compile_mode=reduce-overhead"])
+    assert cfg.train.compile and cfg.train.effective_compile_mode == "reduce-overhead"
+    assert cfg.resolved()["train"]["compile_mode"] == "reduce-overhead"
+    assert preset_config("toy", "eada", 0, []).train.effective_compile_mode is None
+    with pytest.raises(ConfigError, match="compile_mode: reduce-overhead compiles the step, but"):
+        preset_config(
+            "toy", "eada", 0, ["train.compile=false", "train.compile_mode=reduce-overhead"]
+        )
+    with pytest.raises(ConfigError, match="compile_mode"):
+        preset_config("toy", "eada", 0, ["train.compile_mode=fast"])
+    assert compile_mode_on("reduce-overhead", torch.device("cuda")) == "reduce-overhead"
+    assert compile_mode_on("reduce-overhead", torch.device("cpu")) == "default"
+    before = torch.backends.cudnn.benchmark
+    try:
+        assert set_cudnn_benchmark(True, torch.device("cpu")) is None
+        assert torch.backends.cudnn.benchmark == before
+        assert set_cudnn_benchmark(True, torch.device("cuda")) is True
+        assert torch.backends.cudnn.benchmark is True
+        assert set_cudnn_benchmark(False, torch.device("cuda")) is False
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = before
+    cfg = preset_config("toy", "eada", 0, ["train.epochs=2", "active.rounds_at=[1]", sets[1]])
+    rec = run_once(cfg, record_stats=False)  # on the CPU: recorded as not set
+    assert rec["results"]["step_setup"] == {
+        "device": "cpu",
+        "forward": "separate",
+        "amp": None,
+        "channels_last": False,
+        "compile_mode": None,
+        "cudnn_benchmark": None,
+    }
+    assert torch.backends.cudnn.benchmark == before
 
 
 def test_each_image_is_decoded_once_the_check_fills_the_cache(

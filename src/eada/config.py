@@ -291,6 +291,14 @@ class TrainConfig(_Strict):
     paper configs set ``amp: false``). ``channels_last``: the channels-last memory format for
     convolutional models.
 
+    ``compile``: ``torch.compile`` of the step's forward passes; ``compile_mode`` (setting it
+    turns ``compile`` on): the mode it compiles with, ``default``, ``reduce-overhead`` (the
+    compiled passes replayed as CUDA graphs, one launch each: for small batches whose kernels
+    are short; on the CPU it compiles as ``default``), ``max-autotune`` or
+    ``max-autotune-no-cudagraphs``. ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark``
+    for the run on CUDA (cuDNN tries its convolution algorithms on each new input shape and
+    keeps the fastest; not bit-reproducible from run to run); no effect on the CPU.
+
     ``loaders``: ``continuous`` (steps per epoch fixed from the initial pool; the streams run
     on across epochs; every stream drops its last partial batch) or ``per_epoch`` (the authors'
     code; paper configs): steps per epoch recomputed every epoch over the CURRENT unlabeled
@@ -316,6 +324,15 @@ class TrainConfig(_Strict):
     # torch.compile the step's forward passes (eada.train.forward.StepForward): an option for
     # GPUs, where benchmarks/gpu_check.py measures whether it is faster; off by default
     compile: bool = False
+    # torch.compile's mode for the step (set, it turns train.compile on): default,
+    # reduce-overhead (CUDA graphs of the compiled passes: fewer kernel launches; on the CPU
+    # the same as default), max-autotune, max-autotune-no-cudagraphs; see the class docstring
+    compile_mode: (
+        Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] | None
+    ) = None
+    # torch.backends.cudnn.benchmark on CUDA: cuDNN times its convolution algorithms for each
+    # new input shape and keeps the fastest (nothing on the CPU); recorded in the run's meta
+    cudnn_benchmark: bool = False
     forward: Literal["separate", "fused"] = "separate"  # see eada.train.forward
     channels_last: bool = False  # channels-last memory format for 4-d inputs and the model
     loaders: Literal["continuous", "per_epoch"] = "continuous"  # see the class docstring
@@ -339,6 +356,22 @@ class TrainConfig(_Strict):
     # epochs of source-only NLL training before the schedule (LADA's source stage,
     # TRAINER.MAX_SOURCE_EPOCHS: 1 in their VisDA-2017 config), with an optimiser of its own
     source_epochs: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _compile_mode_needs_compile(self) -> TrainConfig:
+        if self.compile_mode is not None and not self.compile:
+            if "compile" in self.model_fields_set:
+                raise ValueError(
+                    f"compile_mode: {self.compile_mode} compiles the step, but compile is "
+                    "false; drop one of the two"
+                )
+            object.__setattr__(self, "compile", True)  # compile_mode turns compile on
+        return self
+
+    @property
+    def effective_compile_mode(self) -> str | None:
+        """The mode ``torch.compile`` runs with (``None``: not compiled)."""
+        return (self.compile_mode or "default") if self.compile else None
 
 
 class ActiveConfig(_Strict, RoundSchedule):

@@ -765,12 +765,17 @@ def deferred_finite_checks() -> Iterator[None]:
         _DEFERRED.reset(token)
 
 
+class NonFiniteEnergiesError(ValueError):
+    """Energies hold NaN or infinite values: what the energy functions raise, and what the
+    trainer raises for a deferred check (:func:`deferred_finite_checks`), on any device."""
+
+
 def _check_energies(energies: torch.Tensor) -> None:
     if energies.ndim != 2:
         raise ValueError(f"energies must have shape (N, C), got {tuple(energies.shape)}")
     if not _DEFERRED.get() and not torch.isfinite(energies).all():
         bad = int((~torch.isfinite(energies)).any(dim=1).sum())
-        raise ValueError(
+        raise NonFiniteEnergiesError(
             f"energies contain NaN or infinite values ({bad} of {energies.shape[0]} rows)"
         )
 

@@ -58,6 +58,7 @@ def run_once(
     if recorder is not None:
         result["domain_stats"] = recorder.data
     result["threads"] = trainer.threads
+    result["step_setup"] = trainer.step_setup  # what the step ran with on this device
     result["data"] = {"classes": list(task.target.classes), **task.notes}  # e.g. skipped images
     return {"seed": cfg.seed, "config": cfg.resolved(), "results": result}
 

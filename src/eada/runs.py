@@ -574,6 +574,9 @@ LEGACY_VALUES: dict[str, Any] = {
     "model.freeze_bottleneck_bn_affine": False,
     # L_fea had no gate (weight 1 throughout) before train.fea_gate existed
     "train.fea_gate": "none",
+    # cuDNN's default (no benchmark) and compile's one mode before these keys existed
+    "train.cudnn_benchmark": False,
+    "train.compile_mode": None,
 }
 
 

@@ -130,6 +130,8 @@ class TrainerBase:
     rank: int
     world: int
     _step: nn.Module
+    cuda_graphs: bool
+    step_setup: dict[str, Any]
     oracle: Oracle
     delta: energy_ops.DeltaEstimator
     alignment_log: list[dict[str, float]]

@@ -63,10 +63,12 @@ from eada.train.state import StateMixin
 from eada.train.step import (
     StepMixin,
     build_optimizer,
+    compile_mode_on,
     record_alignment_drift,
     record_alignment_runaway,
     report_alignment_runaway,
     resolve_device,
+    set_cudnn_benchmark,
 )
 from eada.train.streams import BatchStream, unlabeled_view
 
@@ -139,8 +141,20 @@ class ActiveDATrainer(StepMixin, SelectionMixin, EvaluationMixin, StateMixin):
         self._step: nn.Module = StepForward(
             self.model, cfg.train.forward, torch.bfloat16 if amp else None, cfg.train.channels_last
         )
-        if cfg.train.compile:  # the step's forward passes through torch.compile (train.compile)
-            self._step = torch.compile(self._step)  # type: ignore[assignment]
+        # the step's forward passes through torch.compile (train.compile, train.compile_mode)
+        mode = compile_mode_on(cfg.train.effective_compile_mode, self.device)
+        if mode is not None:
+            self._step = torch.compile(self._step, mode=mode)  # type: ignore[assignment]
+        self.cuda_graphs = mode == "reduce-overhead"  # a step begins a new CUDA-graph replay
+        #: what the step runs with on this device (the run's results record it)
+        self.step_setup: dict[str, Any] = {
+            "device": str(self.device),
+            "forward": cfg.train.forward,
+            "amp": "bfloat16" if amp else None,
+            "channels_last": cfg.train.channels_last,
+            "compile_mode": mode,
+            "cudnn_benchmark": set_cudnn_benchmark(cfg.train.cudnn_benchmark, self.device),
+        }
         if self.world > 1:  # one DDP forward call a step, whichever forward mode runs inside
             from torch.nn.parallel import DistributedDataParallel
 

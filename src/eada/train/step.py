@@ -26,6 +26,37 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def compile_mode_on(mode: str | None, device: torch.device) -> str | None:
+    """The mode ``torch.compile`` gets for ``train.compile_mode`` ``mode`` (already resolved:
+    ``None`` = not compiled) on ``device``: ``reduce-overhead`` replays CUDA graphs, a CUDA
+    feature, so on any other device it compiles as ``default``.
+
+    >>> compile_mode_on("reduce-overhead", torch.device("cpu"))
+    'default'
+    >>> compile_mode_on("reduce-overhead", torch.device("cuda"))
+    'reduce-overhead'
+    >>> compile_mode_on(None, torch.device("cuda")) is None
+    True
+    """
+    if mode == "reduce-overhead" and device.type != "cuda":
+        return "default"
+    return mode
+
+
+def set_cudnn_benchmark(enabled: bool, device: torch.device) -> bool | None:
+    """``torch.backends.cudnn.benchmark = enabled`` for a run on CUDA (set either way, so an
+    earlier run in the process does not leak its choice); nothing on another device. Returns
+    the value set, ``None`` where nothing was set.
+
+    >>> set_cudnn_benchmark(True, torch.device("cpu")) is None
+    True
+    """
+    if device.type != "cuda":
+        return None
+    torch.backends.cudnn.benchmark = bool(enabled)
+    return bool(enabled)
+
+
 def build_optimizer(cfg: OptimConfig, model: nn.Module) -> torch.optim.Optimizer:
     """Optimiser with two parameter groups: ``model.backbone`` at ``lr * backbone_lr_mult``,
     everything else (bottleneck, head) at ``lr``. Every parameter that requires a gradient is
@@ -154,6 +185,11 @@ def report_alignment_runaway(
         warnings.warn(f"{where}: {message}", category, stacklevel=3)
 
 
+#: the key of :meth:`StepMixin._train_step`'s lazy output counting the batches' energy rows
+#: that are not finite (summed on the device; :meth:`StepMixin.check_finite` reads and drops it)
+NONFINITE_ROWS = "_nonfinite_energy_rows"
+
+
 class StepMixin(TrainerBase):
     """The training step and what counts it (a part of
     :class:`~eada.train.loop.ActiveDATrainer`)."""
@@ -194,6 +230,8 @@ class StepMixin(TrainerBase):
         if use_l:
             xl, yl = self.labeled_stream.next()  # labels as the oracle gave them
             batches.append(xl)
+        if self.cuda_graphs:  # the outputs of the last step's graph replays are dead now
+            torch.compiler.cudagraph_mark_step_begin()
         energies = self._step([x.to(dev, non_blocking=True) for x in batches])
         e_s = energies[0]
         loss_s = energy_ops.energy_nll(e_s, ys.to(dev), tau=t.tau)
@@ -214,6 +252,10 @@ class StepMixin(TrainerBase):
 
         loss = t.delta_s * loss_s
         out: dict[str, Any] = {"loss_source": read(loss_s), "delta": delta}
+        if lazy:  # the energy functions' own check, deferred: counted here, read back later
+            out[NONFINITE_ROWS] = torch.stack(
+                [(~torch.isfinite(e)).any(dim=1).sum() for e in energies]
+            ).sum()
         if use_u:
             e_u = energies[1]
             if t.fea_gate == "confidence":  # per-sample weights (eada.energy.fea_sample_weights)
@@ -260,12 +302,30 @@ class StepMixin(TrainerBase):
 
     @staticmethod
     def check_finite(sums: dict[str, Any], steps: str) -> None:
-        """Raise ``FloatingPointError`` when a summed loss or ``Delta`` (device tensors of
-        :meth:`_train_step` with ``lazy``) is not finite: ONE read-back for the steps summed.
-        ``steps`` names them in the message."""
-        vals = [v for v in sums.values() if isinstance(v, torch.Tensor)]
-        if vals and not bool(torch.isfinite(torch.stack(vals)).all()):
-            bad = {k: float(v) for k, v in sums.items() if isinstance(v, torch.Tensor)}
+        """Check the device tensors :meth:`_train_step` with ``lazy`` summed over some steps
+        (``steps`` names them in the message) with ONE read-back, and take their count of
+        non-finite energy rows (:data:`NONFINITE_ROWS`) out of ``sums``.
+
+        Raises:
+            eada.energy.NonFiniteEnergiesError: an energy was NaN or infinite in those steps:
+                the error a step read back at once (``sync_every`` 1, the CPU's default) raises.
+            FloatingPointError: the energies were finite but a summed loss or ``Delta`` is not.
+        """
+        rows = sums.pop(NONFINITE_ROWS, None)
+        keys = [k for k, v in sums.items() if isinstance(v, torch.Tensor)]
+        parts = [sums[k].double().reshape(()) for k in keys]
+        if rows is not None:
+            parts.append(rows.double().reshape(()))
+        if not parts:
+            return
+        host = torch.stack(parts).cpu()  # the one read-back
+        n_bad = int(host[-1]) if rows is not None else 0
+        if n_bad > 0:
+            raise energy_ops.NonFiniteEnergiesError(
+                f"energies contain NaN or infinite values ({n_bad} rows within {steps})"
+            )
+        if not bool(torch.isfinite(host[: len(keys)]).all()):
+            bad = {k: float(v) for k, v in zip(keys, host.tolist(), strict=False)}
             raise FloatingPointError(
                 f"loss became non-finite within {steps} (sums {bad}); lower the learning rate"
             )
