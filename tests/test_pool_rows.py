@@ -11,13 +11,13 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 import yaml
 
 from eada.cli import main
 from eada.data.features import domain_statistics
 from eada.store import Project
+from support import real_data
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SURF = SHARED_DATA / "office_caltech10_surf"
@@ -268,8 +268,7 @@ def test_a_file_without_ids_grows_by_appended_rows_only(tmp_path: Path, capsys) 
 def test_surf_rows_grow_with_frozen_statistics(tmp_path: Path, capsys) -> None:
     """Office-Caltech10 SURF webcam (295 rows) split into an initial file of 200 rows and the
     extended file of all 295; amazon as the source; ``l1_zscore``."""
-    if not SURF.is_dir():
-        pytest.skip(f"real data not found at {SURF}")
+    real_data("office_caltech10_surf")
     from scipy.io import loadmat
 
     w = loadmat(SURF / "webcam_SURF_L10.mat")

@@ -15,6 +15,7 @@ import torch
 from eada import bench, threads
 from eada.cli import main
 from eada.runs import append_jsonl, read_jsonl
+from support import real_data
 
 TINY = ["train.epochs=2", "active.rounds_at=[1]", "data.n_per_class=40"]
 
@@ -180,8 +181,7 @@ def test_a_task_kept_over_seeds_is_the_one_a_fresh_load_gives(task: str, sets: l
     from eada.experiment import run_once
 
     root = Path(__file__).resolve().parents[1]
-    if not (root.parent / "shared" / "data").is_dir():
-        pytest.skip("real data absent (../shared/data)")
+    real_data("digits" if task.startswith("digits") else "office_caltech10_surf")
     if task.endswith(".yaml"):
         task = str(root / task)
     runs = bench.build_grid([task], ["eada"], [0, 3], sets)

@@ -18,6 +18,7 @@ import yaml
 from eada.cli import main
 from eada.store import Project
 from support import flat as _flat
+from support import real_data
 
 SURF = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "office_caltech10_surf"
 
@@ -28,8 +29,7 @@ pytestmark = pytest.mark.data
 def surf(tmp_path: Path, one_thread: None) -> Path:
     """A SURF features project (amazon -> webcam, labeled target) trained to round 1 and
     queried: 6 samples out for labeling."""
-    if not SURF.is_dir():
-        pytest.skip(f"real data not found at {SURF}")
+    real_data("office_caltech10_surf")
     raw = {
         "name": "surf-team",
         "data": {

@@ -22,7 +22,7 @@ from eada.store import init_project
 from eada.store.config import MAX_ANNOTATOR_CHARS, check_annotator
 from eada.store.labelfiles import read_csv, read_json
 from eada.threads import memory_limit
-from support import truth_rows
+from support import real_data, truth_rows
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_atomic_exports import _fill, small_tmpfs  # noqa: F401  (the fixture, reused)
@@ -163,11 +163,8 @@ def test_label_files_are_streamed_bounded_and_show_progress(tmp_path: Path, monk
         labelfiles.read_label_file(f)
 
 
-DIGITS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "digits"
-
-
-@pytest.mark.skipif(not (DIGITS / "usps").is_dir(), reason="no digits data")
 def test_digits_image_size_is_bounded_too(monkeypatch) -> None:
+    root = real_data("digits/usps").parent
     from eada.data import digits
 
     def no_resize(*a: object, **k: object) -> None:
@@ -175,4 +172,4 @@ def test_digits_image_size_is_bounded_too(monkeypatch) -> None:
 
     monkeypatch.setattr(digits, "_to_tensor", no_resize)
     with pytest.raises(ImageSizeError, match=r"data.image_size of usps 100000 is too large: "):
-        digits.load_digits("usps", DIGITS, "test", image_size=100_000)
+        digits.load_digits("usps", root, "test", image_size=100_000)

