@@ -230,3 +230,59 @@ def test_the_export_lists_open_disputes(proj: Project, tmp_path: Path) -> None:
         (str(ids[0]), "alice", a),
         (str(ids[0]), "bob", b),
     ]
+
+
+def test_a_policy_change_resettles_at_once_both_ways_and_asks_before_rewriting(
+    proj: Project, tmp_path: Path, capsys
+) -> None:
+    """`config set store.conflicts=...` re-settles in its own transaction, printing every
+    changed label (sample, old label and annotator, new label, annotator and how); `status`
+    shows it before any import. Going back restores the previous policy's labels; a change of
+    more than a fifth of the settled labels, or of a reviewer's decision, needs --yes."""
+    ids = _ids(proj)
+    a, b = proj.classes[0], proj.classes[1]
+    s = ["--store", str(proj.folder)]
+    assert (
+        main(
+            [
+                "label",
+                "import",
+                str(_csv(tmp_path / "a.csv", [(i, a, "", "alice") for i in ids])),
+                *s,
+            ]
+        )
+        == 0
+    )
+    bob = [(i, b if n < 2 else a, "", "bob") for n, i in enumerate(ids)]
+    assert main(["label", "import", str(_csv(tmp_path / "b.csv", bob)), *s]) == 0
+    capsys.readouterr()
+    before = {r["sample_id"]: r["class_name"] for r in proj.store.current_labels()}
+    assert main(["config", "set", *s, "store.conflicts=newest-wins"]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "2 label(s) changed" in out
+    for sid in ids[:2]:
+        assert f"sample {sid}: '{a}' (alice) -> '{b}' (bob, newest-wins)" in out
+    st = Project(proj.folder).status()  # no import in between
+    assert st["disputes"] == [] and st["n_labeled"] == 6
+    now = {r["sample_id"]: r["class_name"] for r in proj.store.current_labels()}
+    assert now == {**before, ids[0]: b, ids[1]: b}
+    # back to refuse: 2 of 6 settled labels would change (more than a fifth): asks first
+    assert main(["config", "set", *s, "store.conflicts=refuse"]) == 2
+    err = _flat(capsys.readouterr().err)
+    assert "2 of the 6 settled labels" in err and "--yes" in err and "Nothing was written" in err
+    assert Project(proj.folder).options.conflicts == "newest-wins"
+    assert main(["config", "set", *s, "store.conflicts=refuse", "--yes"]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert (
+        f"sample {ids[0]}: '{b}' (bob) -> '{a}' (alice, refused: back to before newest-wins)" in out
+    )
+    st = Project(proj.folder).status()
+    assert sorted(d["sample_id"] for d in st["disputes"]) == sorted(ids[:2])
+    assert {r["sample_id"]: r["class_name"] for r in proj.store.current_labels()} == before
+    # a reviewer's decision is never overwritten without --yes
+    assert main(["config", "set", *s, "store.conflicts=reviewer", "store.reviewer=bob"]) == 0
+    capsys.readouterr()
+    assert main(["config", "set", *s, "store.reviewer=alice"]) == 2
+    assert "overwrite 2 reviewer decision(s)" in _flat(capsys.readouterr().err)
+    assert main(["config", "set", *s, "store.reviewer=alice", "--yes"]) == 0
+    assert {r["sample_id"]: r["class_name"] for r in proj.store.current_labels()} == before

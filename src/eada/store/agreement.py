@@ -203,6 +203,19 @@ def dispute_line(d: dict[str, Any]) -> str:
     return f"sample {d['sample_id']}" + (f" ({where})" if where else "") + f": {who}"
 
 
+def change_line(ch: dict[str, Any]) -> str:
+    """One changed label: ``sample 12 (/d/a.jpg): 'circle' (alice) -> 'plus' (bob,
+    newest-wins)``.
+
+    >>> change_line({"sample_id": 3, "path": None, "old": "a", "old_by": "al", "new": "b",
+    ...     "new_by": "bo", "how": "newest-wins"})
+    "sample 3: 'a' (al) -> 'b' (bo, newest-wins)"
+    """
+    where = f" ({ch['path']})" if ch.get("path") else ""
+    old = "no label" if ch["old"] is None else f"{ch['old']!r} ({ch['old_by']})"
+    return f"sample {ch['sample_id']}{where}: {old} -> {ch['new']!r} ({ch['new_by']}, {ch['how']})"
+
+
 def pairwise_agreement(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """For every pair of annotators who both answered at least one sample: ``{"annotators":
     [a, b], "n": samples both answered, "agree": how many the same, "percent", "kappa"

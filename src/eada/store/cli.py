@@ -590,13 +590,27 @@ def _cmd_config_set(args: argparse.Namespace) -> int:
 
     updates = dict(parse_setting(item) for item in args.pairs)  # strings stay exact text
     proj = _project(args)
-    out = proj.set_options(updates)
+    out = proj.set_options(updates, yes=args.yes)
     _say(f"project {args.store}: " + ", ".join(f"store.{k}={out['store'][k]}" for k in updates))
     for w in out["warnings"]:
         _log(f"warning: {w}")
     got = out["settled"]
+    from eada.store.agreement import change_line
+
+    if got.get("changed"):
+        _say(
+            f"{len(got['changed'])} label(s) changed by the new setting "
+            "(sample: old label (its annotator) -> new label (its annotator, how)):"
+        )
+        for ch in got["changed"]:
+            _say(f"  {change_line(ch)}")
     if got.get("settled"):
         _say(f"{got['settled']} dispute(s) settled by the new policy")
+    if got.get("opened"):
+        _say(
+            f"{len(got['opened'])} sample(s) disputed under the new setting (their annotators "
+            "disagree and it settles none of them)"
+        )
     now_in_force = got.get("new", 0) + got.get("skipped", 0) + got.get("unskipped", 0)
     if "answers_needed" in updates and now_in_force:
         _say(f"{now_in_force} sample(s) awaiting answers now have enough: their answer is in force")
@@ -613,6 +627,12 @@ def add_config_set(csub: Any) -> None:
         "store.near_duplicate_threshold, store.answers_needed)",
     )
     p.add_argument("pairs", nargs="+", metavar="store.KEY=VALUE")
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help="apply a change that overwrites a reviewer's decision or more than a fifth of "
+        "the settled labels (listed, and refused without --yes)",
+    )
     p.add_argument("--store", default=None, help="project folder (as for the other commands)")
     p.set_defaults(func=_cmd_config_set)
 

@@ -20,7 +20,8 @@ samples         role (source/target/heldout), domain, position in the loaded dom
 rounds          one query round: number, strategy, epoch, budget, config, selection info
 round_samples   per-sample scores of the whole pool a round scored; ``rank`` of the selected
 labels          sample, class, annotator, time, round, source (human/simulated), supersedes;
-                a row with ``skip_reason`` and no class is a *skip* (the sample is unusable)
+                a row with ``skip_reason`` and no class is a *skip* (the sample is unusable);
+                ``decided``: how it came to be in force (``agreed``, a policy, ``force``)
 imports         one label import: file, its SHA-256, format, counts (skips included)
 votes           every answer each annotator gave (label or skip), where it came from (a file's
                 row, a Label Studio task id): agreement between annotators and disputes
@@ -123,6 +124,7 @@ CREATE TABLE labels (
     supersedes INTEGER UNIQUE REFERENCES labels (id),
     import_id INTEGER REFERENCES imports (id),
     skip_reason TEXT,
+    decided TEXT,
     CHECK ((class_id IS NULL) <> (skip_reason IS NULL))
 );
 CREATE INDEX labels_sample ON labels (sample_id);
@@ -210,6 +212,15 @@ _MIGRATE_V3 = [
     for stmt in _SCHEMA[_SCHEMA.index("CREATE TABLE attention") :].split(";")
     if stmt.strip()
 ]
+
+
+def _add_decided(c: sqlite3.Connection) -> None:
+    """Add ``labels.decided`` (how a label came to be in force: ``agreed``, the policy's
+    name, ``force``; NULL on older rows) where it is missing."""
+    if "decided" not in {str(r[1]) for r in c.execute("PRAGMA table_info(labels)")}:
+        c.execute("ALTER TABLE labels ADD COLUMN decided TEXT")
+
+
 AUDIT = "audit"
 """The ``rounds.strategy`` of an audit round (``eada query --audit N``): uniformly random
 samples for an accuracy estimate, outside the schedule of active rounds."""
@@ -597,6 +608,11 @@ class Store:
                 self.conn.execute(_ONE_FIRST_LABEL)
             except sqlite3.Error:
                 pass  # a store that already holds two first labels: opened as it is
+        if not self.readonly:
+            try:
+                _add_decided(self.conn)  # a schema-4 store made before the column
+            except sqlite3.OperationalError:
+                pass  # another process added it meanwhile (or holds the lock: added later)
 
     def migrate(self, version: int) -> None:
         """Bring a store of an older schema ``version`` to :data:`SCHEMA_VERSION` in one
@@ -650,6 +666,7 @@ class Store:
             for col in _V4_VOTE_COLUMNS:
                 if col not in have:
                     c.execute(f"ALTER TABLE votes ADD COLUMN {col} TEXT")
+            _add_decided(c)
             for stmt in _MIGRATE_V3:
                 c.execute(stmt)
         bad = c.execute("PRAGMA foreign_key_check").fetchall()

@@ -16,6 +16,7 @@ import torch
 
 from eada.store import attention
 from eada.store.agreement import (
+    SKIP,
     Vote,
     awaiting_answers,
     awaiting_counts,
@@ -55,6 +56,61 @@ def _answer(it: LabelItem, present: bool = False) -> str:
 def _where(conn: sqlite3.Connection, sid: int) -> str:
     row = conn.execute("SELECT path FROM samples WHERE id = ?", (sid,)).fetchone()
     return "" if row is None or row["path"] is None else f" ({row['path']})"
+
+
+POLICY_DECIDED = ("newest-wins", "majority", "reviewer", "force")
+"""How a label decided among disagreeing answers starts (``labels.decided``)."""
+
+
+def _before_policy(c: sqlite3.Connection, old: sqlite3.Row) -> Vote | None:
+    """The answer that was in force before a policy decided among disagreeing answers of
+    ``old``'s sample (the newest earlier label of its chain decided without one), when
+    ``old`` itself was decided by a policy and that answer differs; else ``None``."""
+    if not str(old["decided"] or "").startswith(POLICY_DECIDED):
+        return None
+    rows = {
+        int(r["id"]): r
+        for r in c.execute("SELECT * FROM labels WHERE sample_id = ?", (old["sample_id"],))
+    }
+    prev_id = old["supersedes"]
+    while prev_id is not None and int(prev_id) in rows:
+        r = rows[int(prev_id)]
+        if not str(r["decided"] or "").startswith(POLICY_DECIDED):
+            if (r["class_id"], r["skip_reason"]) == (old["class_id"], old["skip_reason"]):
+                return None
+            return Vote(r["annotator"], r["class_id"], r["skip_reason"], r["created"])
+        prev_id = r["supersedes"]
+    return None
+
+
+def _changed_rows(
+    c: sqlite3.Connection, changes: list[tuple[Any, ...]], open_ids: set[int]
+) -> list[dict[str, Any]]:
+    """Each label a write changed: ``{"sample_id", "path", "old", "old_by", "new",
+    "new_by", "how", "was_disputed", "old_decided"}`` (answers as class names or
+    ``(skip)``; ``old`` None for a first label)."""
+    names = {int(r[0]): str(r[1]) for r in c.execute("SELECT id, name FROM classes")}
+
+    def shown(class_id: Any) -> str:
+        return SKIP if class_id is None else names[int(class_id)]
+
+    out = []
+    for sid, w, old, _, decided in changes:
+        row = c.execute("SELECT path FROM samples WHERE id = ?", (sid,)).fetchone()
+        out.append(
+            {
+                "sample_id": sid,
+                "path": None if row is None else row["path"],
+                "old": None if old is None else shown(old["class_id"]),
+                "old_by": None if old is None else old["annotator"],
+                "old_decided": None if old is None else old["decided"],
+                "new": shown(w.class_id),
+                "new_by": w.annotator,
+                "how": decided,
+                "was_disputed": sid in open_ids,
+            }
+        )
+    return out
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -244,6 +300,7 @@ class ProjectLabels(ProjectCheckpoints):
         source: str,
         allow_unqueried: bool,
         force: bool = False,
+        resettle: bool = False,
     ) -> dict[str, Any]:
         """Validate ``items`` (every problem listed, nothing written), then in one transaction
         record each annotator's answer as a vote and settle each sample by the project's
@@ -257,7 +314,15 @@ class ProjectLabels(ProjectCheckpoints):
         answered only once N annotators have answered it (agreeing, or settled by the
         policy); until then it is *awaiting* (the result's ``awaiting``: how many more
         answers each needs) and stays pending. ``force`` and the simulated oracle do not
-        wait."""
+        wait.
+
+        ``resettle`` (a policy just changed: ``eada config set``): every sample whose
+        annotators' newest answers disagree is settled again under the policy in force; where
+        it settles none, the sample is disputed and a label that a policy had put in force
+        gives way to the one it replaced (so setting the previous policy again restores its
+        labels). The result's ``changed`` lists every label that changed (sample, old answer
+        and who gave it, new answer, who, and how it was decided); ``opened`` the disputes
+        opened."""
         check_annotator(annotator)
         problems: list[str] = []
         conn = self.store.conn
@@ -375,7 +440,14 @@ class ProjectLabels(ProjectCheckpoints):
                 for r in c.execute("SELECT sample_id FROM disputes WHERE resolved IS NULL")
             }
             waiting = awaiting_counts(c)  # answered by too few so far (answers_needed)
-            touched = sorted(set(chosen) | open_ids | set(waiting))
+            disagreeing: set[int] = set()
+            if resettle:  # a policy changed: every sample whose annotators disagree
+                disagreeing = {
+                    sid
+                    for sid, vs in latest_votes(c).items()
+                    if len({(v.class_id, v.skip) for v in vs}) > 1
+                }
+            touched = sorted(set(chosen) | open_ids | set(waiting) | disagreeing)
             round_of: dict[int, int] = {}
             if touched:
                 q = ",".join("?" * len(touched))
@@ -395,7 +467,7 @@ class ProjectLabels(ProjectCheckpoints):
                 raise ImportValidationError(source_name, problems)
             current = {r["sample_id"]: r for r in self.store.answers()}
             prior = latest_votes(c, touched)
-            changes = []
+            changes: list[tuple[int, Vote, Any, LabelItem | None, str]] = []
             new_votes: list[tuple[int, str, LabelItem, int | None]] = []
             opened: list[int] = []
             settled: dict[int, str] = {}
@@ -427,6 +499,14 @@ class ProjectLabels(ProjectCheckpoints):
                 if winner is None:  # a dispute: the answer in force (if any) stays
                     if sid not in open_ids:
                         opened.append(sid)
+                    back = None
+                    if resettle and old is not None:
+                        back = _before_policy(c, old)
+                    if back is not None and old is not None:  # the replaced label comes back
+                        changes.append(
+                            (sid, back, old, None, f"{how_}: back to before {old['decided']}")
+                        )
+                        n_fix += 1
                     continue
                 if sid in open_ids:
                     settled[sid] = how_  # an open dispute closes
@@ -455,7 +535,7 @@ class ProjectLabels(ProjectCheckpoints):
                     n_unskip += 1
                 else:
                     n_fix += 1
-                changes.append((sid, winner, old, it_w))
+                changes.append((sid, winner, old, it_w, "force" if force else how_))
             cleared = attention.clear(
                 c,
                 {
@@ -487,8 +567,8 @@ class ProjectLabels(ProjectCheckpoints):
             )
             c.executemany(
                 "INSERT INTO labels (sample_id, class_id, annotator, created, round_id, "
-                "source, supersedes, import_id, skip_reason) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "source, supersedes, import_id, skip_reason, decided) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         sid,
@@ -500,8 +580,9 @@ class ProjectLabels(ProjectCheckpoints):
                         None if old is None else old["id"],
                         import_id,
                         w.skip,
+                        decided,
                     )
-                    for sid, w, old, _ in changes
+                    for sid, w, old, _, decided in changes
                 ],
             )
             c.executemany(
@@ -518,6 +599,7 @@ class ProjectLabels(ProjectCheckpoints):
             disputes = [d for d in open_disputes(c) if d["sample_id"] in chosen]
             awaiting = awaiting_answers(c, opts.answers_needed)
             needing = attention.needs_attention(c)
+            changed = _changed_rows(c, changes, open_ids)
         quarantined_ids = [p.sample_id for p in quarantined]
         return {
             "file": source_name,
@@ -532,6 +614,8 @@ class ProjectLabels(ProjectCheckpoints):
             "settled": len(settled) + n_policy,  # only what this write changed
             "awaiting": [a for a in awaiting if a["sample_id"] in chosen],
             "awaiting_total": len(awaiting),
+            "changed": changed,
+            "opened": opened,
             "needs_attention": [a for a in needing if a["sample_id"] in set(quarantined_ids)],
             "needs_attention_total": len(needing),
             "attention_cleared": [sid for sid in cleared if sid not in set(quarantined_ids)],

@@ -468,13 +468,20 @@ class Project(ProjectRounds):
 
     SETTABLE = tuple(SETTABLE)  # eada.store.config.SETTABLE: one entry a setting
 
-    def set_options(self, updates: dict[str, Any]) -> dict[str, Any]:
+    def set_options(self, updates: dict[str, Any], yes: bool = False) -> dict[str, Any]:
         """Change keys of the project's ``store:`` section after ``eada init`` (``eada config
         set``; the keys of :data:`eada.store.config.SETTABLE`): ``conflicts``,
         ``conflict_tie``, ``reviewer``, ``label_studio_root`` (every target image must lie
         under it), ``near_duplicate_threshold``, ``answers_needed``. Validated as at init; a new
         conflicts policy (or fewer answers needed) settles the open disputes (and the samples
         awaiting answers) it can at once.
+
+        A change of ``conflicts``, ``conflict_tie``, ``reviewer`` or ``answers_needed``
+        re-settles, in the same transaction, every sample whose annotators disagree
+        (``_write_labels(resettle=True)``): the result's ``settled["changed"]`` lists every
+        label that changed. A change that would overwrite a reviewer's decision, or more than
+        :data:`CONFIRM_SHARE` of the settled labels (those in force on samples not disputed),
+        is refused unless ``yes`` (nothing is written; the error lists the changes).
 
         Read, validate, write and settle are ONE write transaction (``BEGIN IMMEDIATE``): two
         processes changing different keys at once both keep theirs, and nothing changes when
@@ -524,9 +531,41 @@ class Project(ProjectRounds):
                 "config", json.dumps({**raw, "store": options_json(options)}, default=str)
             )
             self.options = options
+            n_settled = self.store.conn.execute(
+                "SELECT COUNT(*) FROM labels l WHERE NOT EXISTS (SELECT 1 FROM labels n WHERE "
+                "n.supersedes = l.id) AND NOT EXISTS (SELECT 1 FROM disputes d WHERE "
+                "d.sample_id = l.sample_id AND d.resolved IS NULL)"
+            ).fetchone()[0]
             settled = self._write_labels(  # in this transaction: the policy just written
-                [], "(store.conflicts changed)", "", "policy", "config", "human", False
+                [],
+                "(store.conflicts changed)",
+                "",
+                "policy",
+                "config",
+                "human",
+                False,
+                resettle=bool(set(updates) & set(POLICY_KEYS)),
             )
+            over = [ch for ch in settled["changed"] if ch["old"] is not None]
+            undisputed = [ch for ch in over if not ch["was_disputed"]]
+            reviewed = [ch for ch in over if "reviewer" in str(ch["old_decided"] or "")]
+            if not yes and (reviewed or len(undisputed) > CONFIRM_SHARE * n_settled):
+                from eada.store.agreement import change_line
+
+                why = (
+                    f"it would overwrite {len(reviewed)} reviewer decision(s)"
+                    if reviewed
+                    else f"it would change {len(undisputed)} of the {n_settled} settled labels "
+                    f"(more than {CONFIRM_SHARE:.0%})"
+                )
+                shown = "; ".join(change_line(ch) for ch in settled["changed"][:20])
+                more = len(settled["changed"]) - 20
+                raise ConfirmationNeeded(
+                    f"store.{', store.'.join(updates)} not changed: {why}: {shown}"
+                    + (f"; and {more} more" if more > 0 else "")
+                    + ". Nothing was written; to apply it, run it again with "
+                    + how("--yes", "yes=True")
+                )
             warnings = []
             if "reviewer" in updates and options.reviewer is not None:
                 who = options.reviewer
@@ -666,6 +705,18 @@ class Project(ProjectRounds):
             meta["onnx"] = info
             files["model.json"] = json.dumps(meta, indent=1, default=str).encode("utf-8")
         return write_export(out, files)
+
+
+POLICY_KEYS = ("conflicts", "conflict_tie", "reviewer", "answers_needed")
+"""The ``store:`` keys whose change re-settles every disagreement at once."""
+CONFIRM_SHARE = 0.2
+"""``eada config set`` asks for ``--yes`` before it changes more than this share of the
+settled labels (or any reviewer's decision)."""
+
+
+class ConfirmationNeeded(StoreError):
+    """A settings change that would rewrite many settled labels (or a reviewer's decision),
+    refused until confirmed (``--yes``); nothing was written."""
 
 
 def _eada_version() -> str:
