@@ -103,3 +103,31 @@ def test_a_plain_train_goes_on_without_the_sample_and_a_repeat_keeps_it(
     assert proj.next_action() == "train"
     proj.train()
     assert proj.store.latest_checkpoint()["n_labeled"] == 5
+
+
+def test_credit_superseded_answers_and_the_audit_count(proj: Project, tmp_path: Path) -> None:
+    """Two annotators who agree are both credited with the label in force; an annotator's
+    changed answer keeps the first in votes.csv with its superseded_at; an audit drawn after
+    `train --partial` says how many labels the model actually trained on."""
+    ids = _ids(proj)
+    a, b = proj.classes[0], proj.classes[1]
+    proj.import_labels(_csv(tmp_path / "a.csv", [(i, a, "alice") for i in ids[:4]]))
+    proj.import_labels(_csv(tmp_path / "b.csv", [(i, a, "bob") for i in ids[:4]]))
+    credit = proj.status()["answers_by_annotator"]
+    assert credit["alice"]["in_force"] == 4 and credit["bob"]["in_force"] == 4
+    proj.train(partial=True)  # 4 labels; 2 samples still pending
+    proj.import_labels(_csv(tmp_path / "a2.csv", [(ids[0], b, "alice")]))  # alice changes hers
+    st = proj.status()
+    assert [d["sample_id"] for d in st["disputes"]] == [ids[0]]  # it now disagrees with bob
+    assert st["answers_by_annotator"]["alice"]["in_force"] == 3
+    proj.export(tmp_path / "x")
+    with open(tmp_path / "x" / "votes.csv", newline="") as fh:
+        votes = [v for v in csv.DictReader(fh) if v["annotator"] == "alice"]
+    first, second = [v for v in votes if v["sample_id"] == str(ids[0])]
+    assert first["label"] == a and first["newest"] == "0" and first["superseded_at"]
+    assert first["superseded_at"] == second["time"] and second["superseded_at"] == ""
+    assert len(votes) == 5 and all(v["recorded"] for v in votes)
+    proj.import_labels(_csv(tmp_path / "c.csv", [(i, b, "alice") for i in ids[4:]]))
+    proj.audit(2)
+    (audit,) = proj.status()["audit"]["rounds"]
+    assert audit["model"]["trained_labels"] == 4  # not the 6 in force now

@@ -311,13 +311,15 @@ def awaiting_text(awaiting: list[dict[str, Any]], needed: int) -> str:
 
 def answers_by_annotator(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
     """Every annotator's answers, agreeing ones included (one a sample: their newest):
-    ``{annotator: {"answers", "labeled", "skipped", "match_in_force": answers equal to the
-    answer in force, "in_force": answers in force credited to them}}``, by name."""
+    ``{annotator: {"answers", "labeled", "skipped", "match_in_force": answers whose class
+    equals the one in force, "in_force": answers in force credited to them (every annotator
+    whose answer, label or skip, is the one in force: two who agreed are both credited)}}``,
+    by name."""
     force = {
-        int(r["sample_id"]): (r["class_id"], r["annotator"])
+        int(r["sample_id"]): (r["class_id"], r["annotator"], r["skip_reason"])
         for r in conn.execute(
-            "SELECT l.sample_id, l.class_id, l.annotator FROM labels l WHERE NOT EXISTS "
-            "(SELECT 1 FROM labels n WHERE n.supersedes = l.id)"
+            "SELECT l.sample_id, l.class_id, l.annotator, l.skip_reason FROM labels l WHERE NOT "
+            "EXISTS (SELECT 1 FROM labels n WHERE n.supersedes = l.id)"
         )
     }
     out: dict[str, dict[str, int]] = {}
@@ -329,8 +331,12 @@ def answers_by_annotator(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
             c["labeled" if v.class_id is not None else "skipped"] += 1
             if sid in force and force[sid][0] == v.class_id:
                 c["match_in_force"] += 1
-    for _, who in force.values():
-        out.setdefault(who, dict(zero))["in_force"] += 1
+            if sid in force and (force[sid][0], force[sid][2]) == (v.class_id, v.skip):
+                c["in_force"] += 1  # credit to every annotator whose answer is in force
+    voters = {(sid, v.annotator) for sid, vs in latest_votes(conn).items() for v in vs}
+    for sid, (_, who, _) in force.items():
+        if (sid, who) not in voters:  # a label with no vote kept (older stores)
+            out.setdefault(who, dict(zero))["in_force"] += 1
     return dict(sorted(out.items()))
 
 
@@ -346,6 +352,10 @@ VOTE_COLUMNS = [
     "source",
     "origin",
     "newest",
+    "updated",
+    "recorded",
+    "superseded_at",
+    "deleted",
 ]
 
 
@@ -354,7 +364,12 @@ def vote_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     ``source`` says where it came from (``file NAME``, ``Label Studio URL``, ``records``,
     ``label history`` for answers carried over from a store before votes were kept),
     ``origin`` the row or task (``row 3``, ``Label Studio task 17 (sample 4)``), ``newest``
-    whether it is that annotator's newest answer for the sample (the one agreement reads)."""
+    whether it is that annotator's newest answer for the sample (the one agreement reads).
+    ``time`` is when the answer was given where its source says so (Label Studio's
+    ``created_at``), else when eada recorded it; ``updated`` the source's last change
+    (``updated_at``); ``recorded`` when eada stored it; ``superseded_at`` when the same
+    annotator's next answer for the sample replaced it (empty for the newest); ``deleted``
+    when a pull found it deleted in Label Studio."""
     newest = {
         int(r[0])
         for r in conn.execute(
@@ -369,7 +384,8 @@ def vote_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     rows = []
     for r in conn.execute(
         "SELECT v.id, v.sample_id, s.path, v.annotator, c.name AS label, v.skip_reason, "
-        "v.created, v.origin, i.file, i.format FROM votes v JOIN samples s ON s.id = "
+        "v.created, v.origin, v.answered, v.updated, v.deleted, i.file, i.format FROM votes v "
+        "JOIN samples s ON s.id = "
         "v.sample_id LEFT JOIN classes c ON c.id = v.class_id LEFT JOIN imports i ON i.id = "
         "v.import_id ORDER BY v.id"
     ):
@@ -382,12 +398,22 @@ def vote_rows(conn: sqlite3.Connection) -> list[dict[str, Any]]:
                 "annotator": r["annotator"],
                 "label": r["label"],
                 "skip": r["skip_reason"],
-                "time": r["created"],
+                "time": r["answered"] or r["created"],
                 "source": import_source(r["file"], r["format"], r["origin"]),
                 "origin": r["origin"],
                 "newest": int(r["id"] in newest),
+                "updated": r["updated"],
+                "recorded": r["created"],
+                "superseded_at": None,
+                "deleted": r["deleted"],
             }
         )
+    last: dict[tuple[int, str], dict[str, Any]] = {}
+    for row in rows:  # in the order given: each answer supersedes that annotator's previous
+        key = (int(row["sample_id"]), str(row["annotator"]))
+        if key in last:
+            last[key]["superseded_at"] = row["time"]
+        last[key] = row
     return rows
 
 

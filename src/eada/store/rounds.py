@@ -293,7 +293,9 @@ class ProjectRounds(ProjectLabels):
             )
             for k, pos in enumerate(chosen.tolist())
         ]
-        n_trained = int(trainer.labeled_mask.sum())
+        # the labels the model (the checkpoint) was trained on, not the labels in force now:
+        # after `eada train --partial` more may have come in since
+        n_trained = 0 if ck is None else int(ck["n_labeled"])
         info: dict[str, Any] = {"pool": len(pool), "epoch": epoch, "n_labeled_trained": n_trained}
         info["request"] = {"n": n, "label_rows": n_label_rows}  # with its checkpoint: the key
         if out_now:
