@@ -11,6 +11,7 @@ eada data index FOLDER --out LIST.txt      list file + class map + checksums of 
 eada data check SOURCE TARGET              validate a source/target image pair
 eada data features CONFIG --out F.npz      a backbone's features of an image config (+ F.yaml)
 eada report RUN_DIR [--out FILE.html]      self-contained HTML report of a run, benchmark or project
+eada report --compare DIR... --out OUT    which differences between methods are significant
 """
 
 from __future__ import annotations
@@ -219,6 +220,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    if args.compare:
+        return _cmd_compare(args)
+    if not args.run_dir:
+        raise ConfigError("give a RUN_DIR to report on, or --compare DIR_OR_RUNS_JSONL...")
     from eada.reports.html import build_report
     from eada.reports.project import build_project_report, is_project
 
@@ -237,6 +242,39 @@ def _cmd_report(args: argparse.Namespace) -> int:
     for line in collect.data_changes(collect.load_report_input(Path(args.run_dir))):
         sys.stderr.write(f"note: the data changed since the run: {line}\n")
     console.print(f"report: {out}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    """``eada report --compare``: the significance tests of :mod:`eada.reports.compare`."""
+    if args.run_dir:
+        raise ConfigError(f"give RUN_DIR ({args.run_dir}) or --compare, not both")
+    if not args.out:
+        raise ConfigError("--compare needs --out FOLDER (comparison.json, .md, the diagram)")
+    from eada.reports.compare import compare, load_scores, write_comparison
+
+    scores = load_scores([Path(p) for p in args.compare], args.metric)
+    methods = [m.strip() for m in (args.methods or "").split(",") if m.strip()] or None
+    result = compare(
+        scores,
+        args.reference,
+        alpha=args.alpha,
+        rope=args.rope,
+        posthoc=args.posthoc,
+        methods=methods,
+    )
+    across = result["across_tasks"]
+    if "friedman" in across:
+        fr = across["friedman"]
+        p = "-" if fr["p_value"] is None else f"{fr['p_value']:.3g}"
+        console.print(
+            f"{len(across['rows'])} methods on {len(across['tasks'])} tasks: Friedman p = {p}; "
+            f"{len(across['significant_pairs'])} significant pair(s) ({result['posthoc']})"
+        )
+    else:
+        console.print(across["note"])
+    for path in write_comparison(result, Path(args.out)):
+        console.print(f"wrote {path}")
     return 0
 
 
@@ -330,9 +368,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="write a self-contained HTML report of a run folder")
     rp.add_argument(
-        "run_dir", help="a folder of `eada run`, `eada demo`, a benchmark or a project store"
+        "run_dir",
+        nargs="?",
+        help="a folder of `eada run`, `eada demo`, a benchmark or a project store",
     )
-    rp.add_argument("--out", default=None, help="HTML file (default RUN_DIR/report.html)")
+    rp.add_argument(
+        "--out",
+        default=None,
+        help="HTML file (default RUN_DIR/report.html); with --compare: the output folder",
+    )
+    rp.add_argument(
+        "--compare",
+        nargs="+",
+        default=None,
+        metavar="DIR_OR_RUNS_JSONL",
+        help="compare the methods of these eada bench logs (folders or runs.jsonl): per-task "
+        "paired t-tests against --reference, Friedman, post-hoc tests, the Bayesian "
+        "signed-rank test and a critical-difference diagram (needs eada[stats])",
+    )
+    rp.add_argument("--reference", default="eada", help="with --compare: the reference method")
+    rp.add_argument("--methods", default=None, help="with --compare: only these methods")
+    rp.add_argument("--metric", default="target/accuracy", help="with --compare: the score")
+    rp.add_argument("--alpha", type=float, default=0.05, help="with --compare: significance")
+    rp.add_argument(
+        "--rope", type=float, default=1.0, help="with --compare: Bayesian ROPE (points)"
+    )
+    rp.add_argument(
+        "--posthoc",
+        choices=("wilcoxon-holm", "nemenyi"),
+        default="wilcoxon-holm",
+        help="with --compare: the post-hoc test the diagram draws",
+    )
     rp.add_argument("--figures", default=None, metavar="DIR", help="also save figures as PNG+SVG")
     rp.add_argument("--data-root", default=None, help="data set folder, to show queried images")
     rp.set_defaults(func=_cmd_report)
