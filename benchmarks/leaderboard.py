@@ -28,6 +28,7 @@ Usage (repository root)::
     python benchmarks/leaderboard.py                 # gather + table (trains nothing)
     python benchmarks/leaderboard.py --commands      # the eada bench commands of missing cells
     python benchmarks/leaderboard.py --run           # run them, one after another (resumable)
+    python benchmarks/leaderboard.py --compare       # + significance tests and the CD diagram
 
 ``--run`` runs ``eada bench --jobs 1 --threads 1`` per task (under ``nice -n 10``), writing to
 ``benchmarks/results/leaderboard/<task folder>/``; a killed run resumes where it stopped.
@@ -487,6 +488,43 @@ def missing_commands(summary: dict[str, Any]) -> list[list[str]]:
     return cmds
 
 
+# -- significance -------------------------------------------------------------------------------
+COMPARISON = OUT / "comparison"
+CD_FIGURE = Path("docs/figures/leaderboard-cd.svg")
+
+
+def comparison_scores(summary: dict[str, Any]) -> Any:
+    """The ranked rows' per-seed accuracies of every task, as :class:`eada.reports.compare.Scores`
+    (the cells exactly as the table has them; a cell with fewer seeds keeps the ones it has)."""
+    from eada.reports.compare import Row as CompareRow
+    from eada.reports.compare import Scores
+
+    rows = [CompareRow(r.label, r.method, (), r.overrides) for r in ROWS if r.ranked]
+    values: dict[str, dict[str, dict[int, float]]] = {}
+    files: set[str] = set()
+    for label, t in summary["tasks"].items():
+        for row in rows:
+            seeds = t["cells"][row.label]["seeds"]
+            if seeds:
+                values.setdefault(label, {})[row.label] = {
+                    int(s): float(e["accuracy"]) for s, e in seeds.items()
+                }
+                files |= {e["file"] for e in seeds.values()}
+    return Scores("target/accuracy", rows, list(summary["tasks"]), values, sorted(files))
+
+
+def write_comparison(summary: dict[str, Any], out: Path = COMPARISON) -> dict[str, Any]:
+    """``eada report --compare`` on the leaderboard's cells, against EADA (default): writes
+    ``out/comparison.json`` and ``comparison.md``, and the diagram to :data:`CD_FIGURE`."""
+    from eada.reports import compare
+
+    result = compare.compare(comparison_scores(summary), "EADA (default)")
+    result["diagram"] = CD_FIGURE.as_posix()
+    compare.write_comparison(result, out, formats=())
+    compare.save_figure(compare.cd_diagram(result), CD_FIGURE)
+    return result
+
+
 BEGIN, END = "<!-- leaderboard:begin -->", "<!-- leaderboard:end -->"
 
 
@@ -512,6 +550,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help=f"replace the text between {BEGIN} and {END} in this file (BENCHMARKS.md)",
     )
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help=f"also write the significance tests ({COMPARISON}/comparison.json, .md) and the "
+        f"critical-difference diagram ({CD_FIGURE}); needs eada[stats]",
+    )
     args = ap.parse_args(argv)
     index, skipped = load_records()
     summary = gather(index)
@@ -535,6 +579,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in ("EADA (default)", "EADA (paper L_fea)"):
         text += "\n\n" + verdict(summary, row)
     text += "\n\nRecords used (folder: commits):\n\n" + provenance(summary) + "\n"
+    if args.compare:
+        result = write_comparison(summary)
+        fr = result["across_tasks"].get("friedman", {})
+        print(f"comparison: {COMPARISON}, Friedman p = {fr.get('p_value')}", file=sys.stderr)
     if args.markdown:
         args.markdown.write_text(text)
     if args.benchmarks:
