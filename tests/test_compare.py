@@ -159,6 +159,22 @@ def test_few_seeds_missing_methods_and_tasks_are_reported(tmp_path: Path) -> Non
     assert "Random" in two["across_tasks"]["bayesian_signed_rank"]
 
 
+def test_every_method_tied_everywhere_gives_p_one(tmp_path: Path) -> None:
+    """2 tasks x 2 seeds x 3 methods, all at the same accuracy (tiny runs often are): scipy's
+    Friedman statistic is 0/0 there; the comparison says p = 1 and still draws the diagram."""
+    for task in ("T1", "T2"):
+        for method in ("my_margin", "random", "eada"):
+            for s in range(2):
+                append_jsonl(tmp_path / "g" / "runs.jsonl", _record(task, method, s, 80.0))
+    out = tmp_path / "C"
+    assert main(["report", "--compare", str(tmp_path / "g"), "--out", str(out)]) == 0
+    res = json.loads((out / "comparison.json").read_text())
+    fr = res["across_tasks"]["friedman"]
+    assert fr["p_value"] == 1.0 and not fr["significant"] and "tied" in fr["note"]
+    assert res["tasks"]["T1"]["vs_reference"]["my_margin"]["note"].startswith("identical")
+    assert (out / "cd_diagram.svg").is_file()
+
+
 def _leaderboard() -> ModuleType:
     spec = importlib.util.spec_from_file_location("leaderboard", REPO / "benchmarks/leaderboard.py")
     assert spec and spec.loader

@@ -536,17 +536,17 @@ def _across_tasks(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all tied: nan, handled below
         if len(rows) >= 3:
+            tied = bool(np.all(matrix == matrix[:, :1]))
             fr = stats.friedmanchisquare(*matrix.T)
-            p = None if math.isnan(fr.pvalue) else float(fr.pvalue)
-            out["friedman"] = {
-                "statistic": None if math.isnan(fr.statistic) else float(fr.statistic),
-                "p_value": p,
+            out["friedman"] = {  # every row tied on every task: scipy's 0/0, no difference
+                "statistic": 0.0 if tied else float(fr.statistic),
+                "p_value": 1.0 if tied else float(fr.pvalue),
                 "n_tasks": len(tasks),
                 "n_methods": len(rows),
-                "significant": p is not None and p < alpha,
+                "significant": not tied and float(fr.pvalue) < alpha,
             }
-            if p is None:
-                out["friedman"]["note"] = "every row tied on every task: no test"
+            if tied:
+                out["friedman"]["note"] = "every row tied on every task: statistic 0, p = 1"
         else:
             out["friedman"] = {
                 "statistic": None,
