@@ -461,20 +461,75 @@ OUTPUT_OPTIONS = ("out", "figures", "tensorboard")
 """The options through which a command writes files: each is checked against the project
 stores' own files before any work (:func:`check_outputs`)."""
 
+COMMAND_FILES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
+    "run": ((("out", "folder"), ("tensorboard", "folder")), ("config",)),
+    "demo": ((("out", "folder"),), ()),
+    "report": ((("out", "file"), ("figures", "folder")), ("run_dir", "data_root")),
+    "bench": ((("out", "folder"),), ()),
+    "data index": ((("out", "file"),), ("folder",)),
+    "data features": ((("out", "file"),), ("config",)),
+    "data unlabel": ((("out", "folder"), ("truth", "file")), ("folder",)),
+    "data subset": ((("out", "folder"),), ("folder",)),
+    "data fill-labels": ((("out", "file"),), ("round_csv", "truth")),
+    "export": ((("out", "export"),), ()),
+    "predict": ((("out", "file"),), ("inputs", "model", "labels")),
+}
+"""Each command that writes files: its output options with their kind (``file``, ``folder``,
+``export``: :func:`eada.outputs.check_output`) and the options naming what it reads (its own
+inputs, which no output may be)."""
+POSITIONAL_OUT = frozenset({"data unlabel", "data subset"})
+"""The commands whose output folder is the positional ``OUT``, not ``--out``."""
+STDOUT_COMMANDS = frozenset({"predict"})
+"""The commands whose ``--out -`` writes to standard output."""
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """``data index``, ``export``, ...: the command (and subcommand) ``args`` were parsed for."""
+    name = str(getattr(args, "command", ""))
+    sub = getattr(args, f"{name.replace('-', '_')}_command", None)
+    return f"{name} {sub}" if sub else name
+
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Refuse, before any work, an output option (:data:`OUTPUT_OPTIONS`) that names a project
-    store's database, its ``-wal``/``-shm``/``-journal`` (also through a symlink) or a folder
-    holding a store (:func:`eada.runs.check_not_store`; every writer checks it again).
+    """Refuse, before any work, an output option that no command may write
+    (:func:`eada.outputs.check_output`: a device, FIFO, socket or link; a project store's
+    files and folders, an export's model files, the command's own inputs), from the table
+    :data:`COMMAND_FILES`; any other output option (:data:`OUTPUT_OPTIONS`) is checked against
+    the store's own files (:func:`eada.outputs.check_not_store`; every writer checks it again).
 
     Raises:
-        eada.runs.StoreFileError: naming the option and the store's file.
+        eada.outputs.OutputError: naming the option, the path and what owns it.
     """
-    from eada.runs import check_not_store
+    from eada.outputs import check_not_store, check_output
 
+    command = command_name(args)
+    outputs, input_options = COMMAND_FILES.get(command, ((), ()))
+    inputs: list[str] = []
+    for name in input_options:
+        value = getattr(args, name, None)
+        values = value if isinstance(value, list) else [value]
+        inputs += [v for v in values if isinstance(v, str) and v and v != "-"]
+    allow: list[Path] = []
+    if command == "report":  # the report rewrites its own page beside the run or store
+        allow.append(Path(args.run_dir) / "report.html")
+    checked = set()
+    for name, kind in outputs:
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            check_output(
+                value,
+                "OUT" if name == "out" and command in POSITIONAL_OUT else f"--{name}",
+                kind=kind,  # type: ignore[arg-type]
+                inputs=inputs,
+                allow=allow,
+                stdout=command in STDOUT_COMMANDS and name == "out",
+            )
+            if command == "data index" and value != "-":
+                check_output(f"{value}.sha256", "--out", inputs=inputs)  # its checksums
+            checked.add(name)
     for name in OUTPUT_OPTIONS:
         value = getattr(args, name, None)
-        if isinstance(value, str) and value:
+        if name not in checked and isinstance(value, str) and value:
             check_not_store(value, f"--{name}")
 
 

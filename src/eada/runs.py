@@ -22,6 +22,14 @@ from typing import Any
 
 import numpy as np
 
+from eada.outputs import (  # noqa: F401 (a store's own files: re-exported from their module)
+    STORE_DB_NAME,
+    STORE_FILE_NAMES,
+    StoreFileError,
+    check_not_special,
+    check_not_store,
+)
+
 
 def git_commit(path: Path | None = None) -> dict[str, Any]:
     """The commit (and whether the tree is dirty) of the git repository holding ``path``.
@@ -91,80 +99,6 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
-STORE_DB_NAME = "eada.sqlite"
-"""The database file of a project store (``eada init``); :mod:`eada.store.db` names it so."""
-STORE_FILE_NAMES = frozenset(
-    STORE_DB_NAME + tail for tail in ("", "-wal", "-shm", "-journal", ".writer")
-)
-"""The names of a project store's own files: the database, SQLite's write-ahead log, shared
-memory index and rollback journal, and the write lock holder's note."""
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-class StoreFileError(ValueError):
-    """An output path that would write over a project store's own files (its database, the
-    database's ``-wal``/``-shm``/``-journal``, or a folder holding a store)."""
-
-
-def check_not_store(path: str | Path, what: str = "--out") -> None:
-    """Refuse an output ``path`` that is a project store's own file or a folder holding one,
-    directly or through a symlink: a name in :data:`STORE_FILE_NAMES`, a folder that holds
-    ``eada.sqlite``, or an existing SQLite database (a hard link or a copy of a store).
-    Every writer of eada's outputs calls it (:func:`write_bytes_atomic`,
-    :func:`staged_folder`, :func:`append_jsonl`, the feature and list writers), and the
-    ``eada`` command checks every ``--out`` with it before any work.
-
-    Args:
-        path: the file or folder a command is about to write.
-        what: how the message names it (the option, e.g. ``--out``).
-
-    Raises:
-        StoreFileError: ``path`` is (or points at) a store's file or a folder holding a store.
-
-    Example:
-        >>> import tempfile
-        >>> check_not_store(Path(tempfile.mkdtemp()) / "report.html")
-        >>> try:
-        ...     check_not_store("p/eada.sqlite-wal")
-        ... except StoreFileError as err:
-        ...     print(str(err)[:48])
-        --out p/eada.sqlite-wal is a project store's own
-    """
-    given = Path(path)
-    seen: list[Path] = [given.absolute()]
-    try:
-        real = given.resolve()  # through every symlink (a dangling one: where it points)
-    except (OSError, RuntimeError):  # a symlink loop: nothing to write through anyway
-        real = seen[0]
-    if real != seen[0]:
-        seen.append(real)
-    keep = "nothing was written; the store's labels, votes and disputes live there"
-    for p in seen:
-        via = "" if p == seen[0] else f" (through a symlink: {p})"
-        if p.name in STORE_FILE_NAMES:
-            raise StoreFileError(
-                f"{what} {path} is a project store's own file{via}: writing it would destroy "
-                f"the store; {keep}. Name another file"
-            )
-        if (p / STORE_DB_NAME).exists():
-            raise StoreFileError(
-                f"{what} {path} is a folder holding a project store ({p / STORE_DB_NAME}){via}; "
-                f"{keep}. Name another folder (e.g. a new one inside it)"
-            )
-    if not real.is_file():  # a FIFO or a device (/dev/stdout) is never read: it could block
-        return
-    try:
-        with open(real, "rb") as fh:  # a hard link to, or a renamed copy of, a database
-            head = fh.read(len(_SQLITE_MAGIC))
-    except OSError:
-        return
-    if head == _SQLITE_MAGIC:
-        raise StoreFileError(
-            f"{what} {path} is an SQLite database (a project store's file, or a link to one); "
-            f"{keep}. Name another file"
-        )
-
-
 def tmp_name(path: Path) -> Path:
     """The temporary file a write of ``path`` goes through: ``.NAME.PID.tmp`` beside it (one a
     process, so concurrent writers of ``path`` never share one)."""
@@ -182,9 +116,18 @@ def write_bytes_atomic(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` through :func:`tmp_name` (fsynced, then ``os.replace``):
     ``path`` is the old file or the new one, never a part; a failed write (a full disk) leaves
     no temporary file and raises an ``OSError`` naming ``path``. The temporary files of
-    killed writers of ``path`` are removed first (:func:`remove_stale_staging`)."""
+    killed writers of ``path`` are removed first (:func:`remove_stale_staging`). A device,
+    FIFO, socket or symbolic link at ``path`` is refused (the rename would replace it)."""
     path = Path(path)
     check_not_store(path, "the output")
+    check_not_special(path, "the output")
+    if path.is_symlink():
+        raise OSError(
+            errno.EEXIST,
+            f"is a symbolic link (to {os.readlink(path)}); the write would replace the link, "
+            "not the file it names: name the file itself",
+            str(path),
+        )
     if path.is_dir():
         raise IsADirectoryError(
             errno.EISDIR, "is a folder; name the file to write (e.g. FOLDER/report.html)", str(path)
