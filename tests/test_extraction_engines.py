@@ -156,6 +156,7 @@ def test_init_threads_runs_the_extraction_with_that_many_threads(
     from eada.cli import main
     from eada.threads import set_threads
 
+    monkeypatch.setattr("eada.threads.available_cores", lambda: 4)  # --threads 3 allowed
     for dom, n in (("amazon", 2), ("webcam", 2)):
         for c in ("bike", "mug"):
             d = tmp_path / dom / c

@@ -521,7 +521,7 @@ def check_outputs(args: argparse.Namespace) -> None:
                 "OUT" if name == "out" and command in POSITIONAL_OUT else f"--{name}",
                 kind=kind,  # type: ignore[arg-type]
                 inputs=inputs,
-                allow=allow,
+                allow=allow if name == "out" else (),
                 stdout=command in STDOUT_COMMANDS and name == "out",
             )
             if command == "data index" and value != "-":

@@ -196,7 +196,7 @@ class ModelConfig(_Strict):
     their initial values (the authors' code; on in the paper configs, off by default)."""
 
     name: Literal["linear", "lenet", "mlp", "backbone"] = "lenet"
-    hidden: list[int] = Field(default_factory=lambda: [256])
+    hidden: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [256])
     # image backbones (name: backbone; see eada.models.backbones)
     backbone: str = "resnet50"
     # pretrained (the library's default) | pretrained:NAME (a torchvision weights name, e.g.

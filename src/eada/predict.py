@@ -111,7 +111,8 @@ class Predictor:
         meta_file = self.folder / "model.json"
         if not meta_file.is_file():
             raise FileNotFoundError(f"no exported model at {self.folder}: model.json missing")
-        meta = json.loads(meta_file.read_text())
+        meta = read_model_meta(meta_file)
+        self.meta = meta
         self.classes: list[str] = list(meta["classes"])
         self.cfg = build_config(meta["config"], str(meta_file))
         onnx_file = self.folder / "model.onnx"
@@ -120,6 +121,8 @@ class Predictor:
             why = "no model.onnx there" if not onnx_file.is_file() else "onnxruntime missing"
             raise PredictInputError(f"--engine onnxruntime: {why} ({self.folder})")
         self.engine = "onnxruntime" if engine != "torch" and usable else "torch"
+        if self.engine == "onnxruntime":
+            check_digest(onnx_file, (meta.get("onnx") or {}).get("sha256"), meta_file)
         self.pixels = pixel_reader(self.cfg)
         self.kind = "features" if self.cfg.data.kind == "features" else "other"
         if self.pixels is not None:
@@ -134,10 +137,17 @@ class Predictor:
             so.inter_op_num_threads = 1
             so.log_severity_level = 3
             so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self._session = ort.InferenceSession(
-                str(onnx_file), so, providers=["CPUExecutionProvider"]
-            )
+            try:
+                self._session = ort.InferenceSession(
+                    str(onnx_file), so, providers=["CPUExecutionProvider"]
+                )
+            except Exception as err:  # ONNX Runtime's own errors are not OSError/ValueError
+                raise PredictInputError(
+                    f"{onnx_file}: ONNX Runtime cannot load it ({str(err).splitlines()[0][:200]})"
+                    "; export the model again (eada export --force)"
+                ) from None
             self._input = self._session.get_inputs()[0].name
+            check_onnx_session(self._session, meta, onnx_file)
         else:
             from eada.api import load_model
 
@@ -169,6 +179,110 @@ class Predictor:
 
     def _mode(self) -> str:
         return "L" if getattr(self.cfg.data, "channels", 3) == 1 else "RGB"
+
+
+def read_model_meta(meta_file: Path) -> dict[str, Any]:
+    """``model.json`` of an export, checked against itself: a JSON object with ``classes`` (a
+    non-empty list of distinct names), ``config``, ``input_shape`` (positive sizes) and, where
+    recorded, feature statistics as long as one input row.
+
+    Raises:
+        PredictInputError: naming the file and what is wrong.
+    """
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise PredictInputError(f"{meta_file}: not valid JSON ({err}); export again") from None
+    if not isinstance(meta, dict):
+        raise PredictInputError(f"{meta_file}: not a JSON object; export again")
+    missing = [k for k in ("classes", "config") if k not in meta]
+    if missing:
+        raise PredictInputError(f"{meta_file}: no {', '.join(missing)}; export again")
+    classes = meta["classes"]
+    if (
+        not isinstance(classes, list)
+        or not classes
+        or not all(isinstance(c, str) for c in classes)
+        or len(set(classes)) != len(classes)
+    ):
+        raise PredictInputError(f"{meta_file}: 'classes' is not a list of distinct class names")
+    shape = meta.get("input_shape")
+    if shape is not None and (
+        not isinstance(shape, list)
+        or not shape
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+    ):
+        raise PredictInputError(f"{meta_file}: 'input_shape' {shape!r} is not a list of sizes")
+    stats = meta.get("feature_statistics") or {}
+    width = int(np.prod(shape)) if shape else None
+    for key in ("mean", "std"):
+        values = stats.get(key) if isinstance(stats, dict) else None
+        if values is not None and width is not None and len(values) != width:
+            raise PredictInputError(
+                f"{meta_file}: feature_statistics.{key} holds {len(values)} values, the model "
+                f"takes {width} features; the file was changed: export again"
+            )
+    return dict(meta)
+
+
+def check_digest(path: Path, recorded: str | None, meta_file: Path) -> None:
+    """Refuse ``path`` when its SHA-256 differs from the one ``meta_file`` records for it
+    (nothing recorded: an export of an older eada, used as it is).
+
+    Raises:
+        PredictInputError: naming the file, the recorded and the actual digest.
+    """
+    if not recorded:
+        return
+    from eada.runs import sha256_file
+
+    actual = sha256_file(path)
+    if actual != recorded:
+        raise PredictInputError(
+            f"{path} does not match the SHA-256 recorded in {meta_file} (recorded "
+            f"{recorded[:12]}..., found {actual[:12]}...): the file was changed or damaged; "
+            "export the model again (eada export --force)"
+        )
+
+
+def check_onnx_session(session: Any, meta: dict[str, Any], onnx_file: Path) -> None:
+    """The loaded ``model.onnx`` against ``model.json``: one input of the recorded type
+    (float32 feature rows, uint8 pixels) and shape, a ``probabilities`` output with one column
+    a class.
+
+    Raises:
+        PredictInputError: naming the file and the mismatch.
+    """
+    inputs = session.get_inputs()
+    outputs = {o.name: o for o in session.get_outputs()}
+    recorded = (meta.get("onnx") or {}).get("input") or {}
+    if len(inputs) != 1:
+        raise PredictInputError(f"{onnx_file}: {len(inputs)} inputs, the export has one")
+    got = inputs[0]
+    want_type = recorded.get("dtype", "float32")
+    ort_type = {"float32": "tensor(float)", "uint8": "tensor(uint8)"}.get(want_type, want_type)
+    if got.type != ort_type:
+        raise PredictInputError(
+            f"{onnx_file}: its input {got.name!r} is {got.type}, model.json records "
+            f"{want_type} ({ort_type}); export the model again"
+        )
+    shape = list(got.shape)[1:]
+    want = list(recorded.get("shape") or ["N", *(meta.get("input_shape") or [])])[1:]
+    fixed = [(a, b) for a, b in zip(shape, want, strict=False) if isinstance(a, int)]
+    if len(shape) != len(want) or any(isinstance(b, int) and a != b for a, b in fixed):
+        raise PredictInputError(
+            f"{onnx_file}: its input takes shape {['N', *shape]}, model.json records "
+            f"{['N', *want]}; export the model again"
+        )
+    probs = outputs.get("probabilities")
+    if probs is None:
+        raise PredictInputError(f"{onnx_file}: no 'probabilities' output; export the model again")
+    n = probs.shape[-1] if probs.shape else None
+    if isinstance(n, int) and n != len(meta["classes"]):
+        raise PredictInputError(
+            f"{onnx_file}: {n} output classes, model.json names {len(meta['classes'])}; the "
+            "export's files do not belong together: export the model again"
+        )
 
 
 def _feature_rows(
@@ -246,6 +360,8 @@ def predict_rows(
         if i.kind != "features":
             continue
         x, ids = by_path[id(i)]
+        if len(x) == 0:
+            raise PredictInputError(f"{i.path}: no rows to predict (an empty feature file)")
         if dim and x.shape[1] != dim:
             raise PredictInputError(
                 f"{i.path}: {x.shape[1]} feature columns, the model takes {dim}"
@@ -261,8 +377,7 @@ def predict_rows(
 
 
 def _model_width(predictor: Predictor) -> int:
-    meta = json.loads((predictor.folder / "model.json").read_text())
-    return int(np.prod(meta["input_shape"]))
+    return int(np.prod(predictor.meta["input_shape"]))
 
 
 def read_labels(path: Path, classes: Sequence[str]) -> dict[str, str]:
@@ -363,8 +478,12 @@ def run_predict(
 
     if batch_size < 1:
         raise PredictInputError(f"--batch-size must be >= 1, got {batch_size}")
+    from eada.outputs import STDOUT, check_output
+
+    to_stdout = str(out) == STDOUT
+    check_output(out, inputs=[*map(str, inputs), model, *([labels] if labels else [])], stdout=True)
     out = Path(out)
-    if out.is_dir():
+    if not to_stdout and out.is_dir():
         raise PredictInputError(f"--out {out} is a folder; name the CSV file to write")
     items = collect_inputs(inputs)
     predictor = Predictor(model, engine, threads)
@@ -391,9 +510,13 @@ def run_predict(
                 labeled += 1
                 correct += lab == r["predicted"]
         w.writerow({k: csv_safe(v) if isinstance(v, str) else v for k, v in r.items()})
-    if out.parent != Path("") and not out.parent.is_dir():
-        out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, buf.getvalue())
+    if to_stdout:  # the user's own stream: written through, its errors are the user's
+        sys.stdout.write(buf.getvalue())
+        sys.stdout.flush()
+    else:
+        if out.parent != Path("") and not out.parent.is_dir():
+            out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(out, buf.getvalue())
     result: dict[str, Any] = {
         "out": str(out),
         "n": len(rows),
@@ -424,11 +547,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     )
     top = ", ".join(f"{k} {v}" for k, v in list(res["by_class"].items())[:6])
     more = " ..." if len(res["by_class"]) > 6 else ""
-    print(f"{res['n']} predictions ({res['engine']}) -> {res['out']}; predicted: {top}{more}")
+    say = sys.stderr if args.out == "-" else sys.stdout  # stdout holds the CSV
+    where = "standard output" if args.out == "-" else res["out"]
+    print(f"{res['n']} predictions ({res['engine']}) -> {where}; predicted: {top}{more}", file=say)
     if "accuracy" in res:
         print(
             f"accuracy {res['accuracy']:.2f}% ({res['correct']} of {res['labeled']} labeled "
-            f"inputs, labels from {args.labels})"
+            f"inputs, labels from {args.labels})",
+            file=say,
         )
     sys.stdout.flush()
     return 0
@@ -444,7 +570,9 @@ def add_predict_command(sub: Any) -> None:
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders, feature files")
     p.add_argument("--model", required=True, help="the export folder (eada export --out)")
-    p.add_argument("--out", required=True, help="the CSV to write (one row a prediction)")
+    p.add_argument(
+        "--out", required=True, help="the CSV to write (one row a prediction; - for stdout)"
+    )
     p.add_argument(
         "--labels",
         default=None,

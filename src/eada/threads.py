@@ -61,9 +61,18 @@ def env_threads() -> int | None:
 
 
 def check_threads(n: int) -> int:
-    """``n`` if it is a valid thread count (>= 1), else a ``ValueError`` naming it."""
+    """``n`` if it is a valid thread count (>= 1 and at most the cores this process may use,
+    :func:`available_cores`: more only contend, and a huge count makes the native thread pools
+    fail: ``--threads 100000`` was a segmentation fault), else a ``ValueError`` naming it and
+    the limit."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"--threads must be an integer >= 1, got {n!r}")
+    cores = available_cores()
+    if n > cores:
+        raise ValueError(
+            f"--threads {n} is more than the {cores} CPU core(s) this process may use (its CPU "
+            f"affinity); give at most {cores}"
+        )
     return n
 
 
@@ -139,7 +148,7 @@ def blas_limits(n: int | None = None) -> Iterator[int]:
         ...     n
         1
     """
-    count = check_threads(n if n is not None else selection_threads())
+    count = check_threads(n) if n is not None else selection_threads()
     with _controller().limit(limits=count):
         yield count
 
