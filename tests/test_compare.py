@@ -141,12 +141,15 @@ def test_few_seeds_missing_methods_and_tasks_are_reported(tmp_path: Path) -> Non
         if i < 2:
             append_jsonl(log, _record(task, "coreset", 0, 55.0))  # on 2 tasks of 8
     append_jsonl(log, _record("extra", "random", 0, 50.0))  # a task without the reference
+    append_jsonl(log, _record("task1", "entropy", 1, float("nan")))  # diverged: written null
     append_jsonl(log, {**_record("task0", "eada", 0, 71.0), "time_utc": "2026-11-29T00:00:00Z"})
     res = cmp.compare(cmp.load_scores([log]), bayes_samples=500)
     t0 = res["tasks"]["task0"]["vs_reference"]
     assert t0["Entropy"]["p"] is None and "fewer than 2 paired seeds" in t0["Entropy"]["note"]
     assert res["tasks"]["task0"]["cells"]["EADA"]["seeds"] == {"0": 71.0, "1": 71.0}  # newest
     assert any("newest counts" in n for n in res["notes"])
+    assert any("task1 / entropy / seed 1: None" in n for n in res["notes"])  # NaN: null
+    assert res["tasks"]["task1"]["cells"]["Entropy"]["n"] == 1
     across = res["across_tasks"]
     assert set(across["rows"]) == {"EADA", "Random", "Entropy"}
     assert across["dropped_rows"]["CoreSet"].startswith("no value on task2")

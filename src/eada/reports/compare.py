@@ -166,17 +166,24 @@ def scores_from_records(
     config lacks, a record older than the key, is no difference). Two lines of one cell and
     seed (a re-run, or an older record of the same settings): the newest (``time_utc``)
     counts, the others are noted.
-    Lines without ``metric`` are skipped and counted in ``notes``.
+    Lines without ``metric`` are skipped and counted in ``notes``; a value that is not a finite
+    number (a diverged run's NaN) is skipped and named there.
     """
-    usable, skipped = [], 0
+    usable, skipped, not_finite = [], 0, []
     for r in records:
         if not all(k in r for k in ("task", "method", "seed", "final")) or metric not in (
             r.get("final") or {}
         ):
             skipped += 1
             continue
+        value = r["final"][metric]
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            not_finite.append(f"{r['task']} / {r['method']} / seed {r['seed']}: {value!r}")
+            continue
         usable.append(r)
     notes = [f"{skipped} line(s) without {metric} skipped"] if skipped else []
+    if not_finite:
+        notes.append(f"{metric} not a finite number, skipped: " + "; ".join(not_finite))
     if not usable:
         raise ComparisonError(f"no finished run records with {metric} to compare")
 
