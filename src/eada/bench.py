@@ -149,12 +149,13 @@ def make_config(
     task: str, method: str, seed: int, overrides: list[str], data_root: str | None = None
 ) -> ExperimentConfig:
     """The config of one run: preset (or YAML file) ``task`` + ``method`` + overrides."""
-    from eada.hparams import METHODS, PRESETS, deep_merge
+    from eada.hparams import PRESETS, deep_merge, get_method
 
     base_method = "source_only" if method in REFERENCE_METHODS else method
-    if base_method not in METHODS:
-        known = ", ".join([*METHODS, *REFERENCE_METHODS])
-        raise ConfigError(f"unknown method {method!r}; known: {known}")
+    try:
+        changes = get_method(base_method)  # a plugin's method too
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     extra = [f"data.root={data_root}"] if data_root else []
     if task in PRESETS:
         from eada.hparams import preset_dict
@@ -164,7 +165,7 @@ def make_config(
         path = Path(task)
         if not path.is_file():
             raise ConfigError(f"{task!r} is neither a preset ({', '.join(PRESETS)}) nor a file")
-        raw = deep_merge(load_config(path).model_dump(mode="json"), METHODS[base_method])
+        raw = deep_merge(load_config(path).model_dump(mode="json"), changes)
     raw["seed"] = seed
     apply_overrides(raw, [*extra, *overrides])
     cfg = parse_config(raw, f"{task} / {method} / seed {seed}")
@@ -405,11 +406,13 @@ def run_grid(
         )
     remote = isinstance(executor, DaskExecutor)
     by_key = {r.key: r for r in todo}
+    from eada.extend import plugins_of
+
     grid_jobs = [
         Job(
             r.key,
             _grid_job,
-            (r, code, threads if remote else None),
+            (r, code, threads if remote else None, plugins_of(r.config, r.method)),
             _run_label(r),
             gpu=r.config.device != "cpu",
         )
@@ -612,11 +615,22 @@ def grid_inputs(run: GridRun) -> dict[str, Any]:
     return _INPUTS[ident]
 
 
-def _grid_job(run: GridRun, code: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
+def _grid_job(
+    run: GridRun,
+    code: dict[str, Any],
+    threads: int | None = None,
+    plugins: list[dict[str, Any]] | tuple[()] = (),
+) -> dict[str, Any]:
     """Train one grid cell; its record (where it runs: this process, a local worker or a Dask
-    worker; ``threads``: set this worker's thread count first, for Dask workers)."""
+    worker; ``threads``: set this worker's thread count first, for Dask workers; ``plugins``:
+    the plugins the run uses (:func:`eada.extend.plugins_of`), imported here first, each
+    checked to be the same code; a worker without one fails the run naming module and
+    worker). The record's ``plugins`` names them as this worker has them."""
     from eada.experiment import run_once
+    from eada.plugins import activate
     from eada.train.domain_stats import DomainStatsRecorder
+
+    used = activate(plugins)
 
     if threads is not None:
         from threadpoolctl import threadpool_limits
@@ -633,6 +647,7 @@ def _grid_job(run: GridRun, code: dict[str, Any], threads: int | None = None) ->
     result["results"]["domain_stats"] = stats.data
     rec = run_record(run, result, code)
     rec["inputs"] = inputs
+    rec["plugins"] = [p.record() for p in used]
     from eada.train.loop import resolve_device
 
     on_cpu = resolve_device(run.config.device).type == "cpu"
@@ -751,6 +766,9 @@ def add_parser(sub: Any) -> None:
     from eada.threads import add_threads_argument
 
     add_threads_argument(b)
+    from eada.plugins import add_plugin_argument
+
+    add_plugin_argument(b)
     b.add_argument("--format", choices=("md", "latex"), default="md", help="table format")
     b.add_argument("--table-only", action="store_true", help="print the tables of OUT only")
     b.add_argument("--dry-run", action="store_true", help="validate the grid and list it")

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eada.config import ConfigError, ExperimentConfig, load_config
+from eada.plugins import add_plugin_argument
 from eada.threads import add_threads_argument
 
 console = Console(stderr=False)
@@ -77,13 +78,13 @@ def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
             "nor an existing config file"
         )
     if args.method:
-        from eada.hparams import METHODS
+        from eada.hparams import get_method
 
-        if args.method not in METHODS:
-            raise ConfigError(f"unknown method {args.method!r}; known: {', '.join(METHODS)}")
-        overrides = [
-            f"{sec}.{k}={v}" for sec, d in METHODS[args.method].items() for k, v in d.items()
-        ]
+        try:
+            changes = get_method(args.method)  # a plugin's method too
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        overrides = [f"{sec}.{k}={v}" for sec, d in changes.items() for k, v in d.items()]
     else:
         overrides = []
     return load_config(path, [*overrides, *args.set, f"seed={seed}"])
@@ -279,8 +280,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:
+    from eada import plugins
     from eada.hparams import METHOD_LABELS, METHODS, PRESETS
 
+    plugins.load_entry_points("method")  # the installed plugins' methods too
     console.print("presets: " + ", ".join(sorted(PRESETS)))
     for m in METHODS:
         console.print(f"method {m:<12} {METHOD_LABELS[m]:<16} {METHODS[m]}")
@@ -288,13 +291,16 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 
 def _cmd_strategies(args: argparse.Namespace) -> int:
-    from eada.strategies import STRATEGIES
+    from eada import plugins
+    from eada.strategies import all_strategies
 
     table = Table(title="query strategies")
     for col in ("name", "needs", "what", "source"):
         table.add_column(col)
-    for s in STRATEGIES.values():
-        table.add_row(s.name, ", ".join(s.needs) or "-", s.summary, s.reference)
+    for s in all_strategies().values():  # the installed plugins' too
+        plugin = plugins.provider("strategy", s.name)
+        source = s.reference + (f"; plugin {plugin.label}" if plugin else "")
+        table.add_row(s.name, ", ".join(s.needs) or "-", s.summary, source)
     console.print(table)
     return 0
 
@@ -364,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write TensorBoard logs to DIR/seed<N> (needs eada[tensorboard])",
     )
     add_threads_argument(r)
+    add_plugin_argument(r)
     r.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("report", help="write a self-contained HTML report of a run folder")
@@ -407,8 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)  # eada bench: the resumable grid and the paper's tables
 
-    sub.add_parser("presets", help="list presets and methods").set_defaults(func=_cmd_presets)
-    sub.add_parser("strategies", help="list query strategies").set_defaults(func=_cmd_strategies)
+    ps = sub.add_parser("presets", help="list presets and methods")
+    add_plugin_argument(ps)
+    ps.set_defaults(func=_cmd_presets)
+    st = sub.add_parser("strategies", help="list query strategies")
+    add_plugin_argument(st)
+    st.set_defaults(func=_cmd_strategies)
 
     c = sub.add_parser("config", help="config helpers")
     csub = c.add_subparsers(dest="config_command", required=True)
@@ -551,6 +562,10 @@ def main(argv: list[str] | None = None) -> int:
             from eada.threads import set_threads
 
             set_threads(args.threads)
+        if getattr(args, "plugin", None):  # --plugin: before the command reads any name
+            from eada.plugins import load_plugins
+
+            load_plugins(args.plugin)
         code: Any = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
     except KeyboardInterrupt:

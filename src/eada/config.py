@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eada.strategies import STRATEGIES, check_params
-from eada.strategies.components import COMPONENT_PARAMS, COMPONENTS
+from eada.strategies import STRATEGIES, check_params, is_strategy
+from eada.strategies.components import COMPONENT_CLASSES, component_params
 from eada.strategies.lada import KNN_METHODS
 
 
@@ -401,7 +401,7 @@ class ActiveConfig(_Strict, RoundSchedule):
     @field_validator("strategy")
     @classmethod
     def _known_strategy(cls, v: str) -> str:
-        if v != "none" and v not in STRATEGIES:
+        if v != "none" and not is_strategy(v):  # a plugin's too, once its plugin is loaded
             raise ValueError(
                 f"unknown strategy {v!r}; known: none, {', '.join(sorted(STRATEGIES))}"
             )
@@ -435,7 +435,7 @@ class ActiveConfig(_Strict, RoundSchedule):
         check_params(
             self.strategy,
             self.params,
-            also=COMPONENT_PARAMS,
+            also=component_params(),  # the plugins' components' settings too
             owned={
                 "alpha1": "active.alpha1",
                 "rule": "active.selection_rule",
@@ -448,16 +448,36 @@ class ActiveConfig(_Strict, RoundSchedule):
                 f"active.params.knn must be one of {', '.join(KNN_METHODS)}; got {knn!r}"
             )
         names = self.params.get("aux_components", [])
-        if not isinstance(names, list) or any(n not in COMPONENTS for n in names):
+        if not isinstance(names, list) or any(not _is_component(n) for n in names):
             raise ValueError(
-                f"active.params.aux_components must be a list of {', '.join(COMPONENTS)}; "
-                f"got {names!r}"
+                f"active.params.aux_components must be a list of "
+                f"{', '.join(COMPONENT_CLASSES)}; got {names!r}"
             )
         return self
 
 
+def _is_component(name: Any) -> bool:
+    """Whether ``name`` is a registered training component (a plugin's included)."""
+    from eada.strategies.components import get_component
+
+    if not isinstance(name, str):
+        return False
+    try:
+        get_component(name)
+    except ValueError as err:
+        if "unknown training component" in str(err):
+            return False
+        raise
+    return True
+
+
 class ExperimentConfig(_Strict):
-    """One run: data, model, optimiser, training, active rounds, seed."""
+    """One run: data, model, optimiser, training, active rounds, seed.
+
+    ``plugins``: modules or ``.py`` files imported before the rest of the config is validated
+    (their strategies, components, backbones; see :mod:`eada.extend`), e.g.
+    ``plugins: [my_plugin.py]`` (a relative file path resolves against the config's folder).
+    """
 
     name: str = "run"
     seed: int = Field(0, ge=0)
@@ -467,6 +487,20 @@ class ExperimentConfig(_Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     active: ActiveConfig = Field(default_factory=ActiveConfig)
+    plugins: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_plugins(cls, raw: Any) -> Any:
+        """Import the config's ``plugins`` before its strategy and components are checked."""
+        if isinstance(raw, dict) and raw.get("plugins"):
+            names = raw["plugins"]
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise ValueError(f"plugins must be a list of modules or .py files, got {names!r}")
+            from eada.plugins import load_plugins
+
+            load_plugins(names)
+        return raw
 
     @model_validator(mode="before")
     @classmethod
@@ -502,8 +536,12 @@ class ExperimentConfig(_Strict):
         return self
 
     def resolved(self) -> dict[str, Any]:
-        """Every key with its value (defaults filled in), JSON-ready."""
-        return self.model_dump(mode="json")
+        """Every key with its value (defaults filled in), JSON-ready; ``plugins`` only when
+        the config names some (so a config without plugins resolves as before the key)."""
+        out = self.model_dump(mode="json")
+        if not out.get("plugins"):
+            out.pop("plugins", None)
+        return out
 
 
 class ConfigError(ValueError):
@@ -588,10 +626,20 @@ def resolve_config_paths(raw: dict[str, Any], config_file: str | Path) -> dict[s
     Nothing is opened here (``eada run --dry-run`` touches no data); a loader that does not
     find a path says where it came from (:func:`path_origin`).
     """
+    base = Path(config_file).parent
+    if isinstance(raw.get("plugins"), list):  # plugin files, as data files: beside the config
+        raw = {
+            **raw,
+            "plugins": [
+                os.path.normpath(base / p)
+                if isinstance(p, str) and p.endswith(".py") and not Path(p).is_absolute()
+                else p
+                for p in raw["plugins"]
+            ],
+        }
     data = raw.get("data")
     if not isinstance(data, dict):
         return raw
-    base = Path(config_file).parent
     out = dict(data)
     for key in _path_keys(out):
         given = Path(str(out[key]))

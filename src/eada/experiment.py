@@ -60,7 +60,13 @@ def run_once(
     result["threads"] = trainer.threads
     result["step_setup"] = trainer.step_setup  # what the step ran with on this device
     result["data"] = {"classes": list(task.target.classes), **task.notes}  # e.g. skipped images
-    return {"seed": cfg.seed, "config": cfg.resolved(), "results": result}
+    from eada.extend import plugins_of
+
+    out = {"seed": cfg.seed, "config": cfg.resolved(), "results": result}
+    used = plugins_of(cfg)  # the plugins (strategy, components, backbone) the run used
+    if used:
+        out["plugins"] = used
+    return out
 
 
 def final_accuracy(

@@ -223,6 +223,109 @@ REFERENCE_METHODS = {"target_supervised": "Fully supervised target"}
 """Methods that are not active DA (a bound to compare with), with their table labels."""
 
 
+BUILTIN_METHODS = frozenset(METHODS)
+"""The methods eada defines (a plugin's method may not take one of these names)."""
+
+
+def register_method(
+    name: str,
+    *,
+    strategy: str,
+    components: tuple[str, ...] | list[str] = (),
+    params: dict[str, Any] | None = None,
+    settings: dict[str, Any] | None = None,
+    label: str | None = None,
+    _module: str | None = None,
+) -> dict[str, Any]:
+    """Register a method preset: a strategy, the training components it trains and settings,
+    under a name that ``eada bench --methods`` and ``eada run --method`` accept.
+
+    Args:
+        name: the method's name; a built-in method's name is refused.
+        strategy: a registered strategy (``none``: no target labels).
+        components: training components (``active.params.aux_components``); empty: the
+            strategy's defaults.
+        params: further ``active.params`` (validated like a config's: an unknown key is an
+            error naming the accepted ones).
+        settings: other config changes as nested sections, e.g.
+            ``{"train": {"gamma": 0.0}}`` (plain NLL training, as the baselines).
+        label: its name in tables (default: ``name``).
+
+    Returns:
+        The method's config changes (what :data:`METHODS` holds for it).
+
+    Raises:
+        ValueError: a taken name, an unknown strategy or component, or an unknown setting.
+    """
+    import sys
+
+    from eada import plugins
+    from eada.strategies import check_params, is_strategy
+    from eada.strategies.components import component_params, get_component
+
+    module = _module or str(sys._getframe(1).f_globals.get("__name__", ""))
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a method name must be an identifier, got {name!r}")
+    if name in REFERENCE_METHODS or name in BUILTIN_METHODS:
+        raise ValueError(plugins.collision_message("method", name, "eada.hparams", module))
+    old = plugins.provider("method", name)
+    if name in METHODS and old is not None and old.module != plugins.describe_module(module).module:
+        raise ValueError(plugins.collision_message("method", name, old.module, module))
+    if strategy != "none" and not is_strategy(strategy):
+        raise ValueError(f"method {name!r}: unknown strategy {strategy!r}")
+    for c in components:
+        get_component(c)
+    active_params = dict(params or {})
+    if components:
+        active_params["aux_components"] = list(components)
+    try:
+        check_params(strategy, active_params, also=component_params())
+    except ValueError as err:
+        raise ValueError(f"method {name!r}: {err}") from None
+    settings = copy.deepcopy(settings or {})
+    if not isinstance(settings, dict) or not all(isinstance(v, dict) for v in settings.values()):
+        raise ValueError(
+            f"method {name!r}: settings must map config sections to dicts, e.g. "
+            "{'train': {'gamma': 0.0}}"
+        )
+    active = {**settings.pop("active", {}), "strategy": strategy}
+    if active_params:
+        active["params"] = active_params
+    METHODS[name] = {"active": active, **settings}
+    METHOD_LABELS[name] = label or name
+    plugins.register_origin("method", name, module)
+    return METHODS[name]
+
+
+def get_method(name: str) -> dict[str, Any]:
+    """The config changes of method ``name`` (a plugin's too: a name that is not built in is
+    looked for in the installed plugins' entry points, ``eada.methods``).
+
+    Raises:
+        ValueError: unknown method, listing the known ones.
+    """
+    if name not in METHODS:
+        from eada import plugins
+
+        plugins.load_entry_points("method")
+    if name not in METHODS:
+        from eada.strategies import is_strategy
+
+        if name not in REFERENCE_METHODS and is_strategy(name):
+            return strategy_method(name)
+        known = ", ".join([*METHODS, *REFERENCE_METHODS])
+        raise ValueError(f"unknown method {name!r} (nor a strategy's name); known: {known}")
+    return METHODS[name]
+
+
+def strategy_method(strategy: str) -> dict[str, Any]:
+    """The method of a strategy that no method names: the strategy with plain NLL training
+    (``train.gamma: 0``, no alignment loss) and its default training components, as the
+    paper's baselines run (so ``eada bench --methods my_strategy`` runs a plugin's strategy
+    as a baseline)."""
+    return {"active": {"strategy": strategy}, "train": {"gamma": 0.0}}
+
+
 def method_label(method: str) -> str:
     """The table label of a method (``METHOD_LABELS`` or a reference method)."""
     return REFERENCE_METHODS.get(method) or METHOD_LABELS.get(method, method)
@@ -252,9 +355,7 @@ def preset_dict(preset: str, method: str | None = None) -> dict[str, Any]:
         raise ValueError(f"unknown preset {preset!r}; known: {', '.join(sorted(PRESETS))}")
     raw = copy.deepcopy(PRESETS[preset])
     if method is not None:
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; known: {', '.join(sorted(METHODS))}")
-        raw = deep_merge(raw, METHODS[method])
+        raw = deep_merge(raw, get_method(method))
     return raw
 
 

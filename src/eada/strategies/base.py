@@ -310,6 +310,15 @@ class StrategySpec:
         sig = inspect.signature(self.fn)
         return tuple(p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY)
 
+    def own_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The settings of ``params`` the strategy takes: all of them for a function with
+        ``**params``, else its own :attr:`options` (``active.params`` also holds the training
+        components' settings, which a plugin's strategy need not accept)."""
+        sig = inspect.signature(self.fn)
+        if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            return dict(params)
+        return {k: v for k, v in params.items() if k in self.options}
+
 
 def check_params(
     strategy: str,
@@ -362,21 +371,92 @@ def _thread_limited(fn: Callable[..., Selection]) -> Callable[..., Selection]:
 def register(
     name: str, *, needs: tuple[str, ...], summary: str, reference: str
 ) -> Callable[[Callable[..., Selection]], Callable[..., Selection]]:
-    """Decorator adding a strategy function to :data:`STRATEGIES` under ``name``."""
+    """Decorator adding a strategy function to :data:`STRATEGIES` under ``name``.
+
+    The one registration path: the built-ins use it, and so does a plugin (it is
+    :func:`eada.extend.register_strategy`). A name already registered is refused with a
+    message (a built-in is never replaced); registering the same function again (a module
+    imported twice, a notebook cell run again) replaces it.
+
+    Args:
+        name: the strategy's name (``active.strategy``).
+        needs: the pool outputs it reads (``energies``, ``free_energy``, ``mvsm``,
+            ``embeddings``, ``labeled_embeddings``, ``source_embeddings``, or a training
+            component's score in ``PoolOutputs.extra``).
+        summary: one line for ``eada strategies``.
+        reference: where the method comes from (paper, year).
+
+    Raises:
+        ValueError: a bad name or ``needs``, or a name registered by another function.
+    """
+    from eada import plugins
+
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a strategy name must be an identifier, got {name!r}")
+    if isinstance(needs, str) or not all(isinstance(n, str) and n for n in needs):
+        raise ValueError(f"strategy {name!r}: needs must be a tuple of names, got {needs!r}")
 
     def wrap(fn: Callable[..., Selection]) -> Callable[..., Selection]:
-        if name in STRATEGIES:
-            raise ValueError(f"strategy {name!r} is registered twice")
-        STRATEGIES[name] = StrategySpec(name, _thread_limited(fn), needs, summary, reference)
+        module = str(getattr(fn, "__module__", "") or "")
+        old = STRATEGIES.get(name)
+        if old is not None:
+            old_module = str(getattr(old.fn, "__module__", ""))
+            same = old_module == module and old.fn.__qualname__ == fn.__qualname__
+            if not same or plugins.is_builtin(module):
+                raise ValueError(plugins.collision_message("strategy", name, old_module, module))
+        if not callable(fn) or len(_positional(fn)) < 3:
+            raise ValueError(
+                f"strategy {name!r}: {getattr(fn, '__qualname__', fn)!r} must be a function "
+                "(pool, budget, rng, **params) -> Selection"
+            )
+        STRATEGIES[name] = StrategySpec(name, _thread_limited(fn), tuple(needs), summary, reference)
+        plugins.register_origin("strategy", name, module)
         return fn
 
     return wrap
 
 
+def _positional(fn: Callable[..., Any]) -> list[str]:
+    """The names of ``fn``'s positional parameters."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return ["pool", "budget", "rng"]  # a builtin: let the call say
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is p.VAR_POSITIONAL for p in sig.parameters.values()):
+        return ["pool", "budget", "rng"]
+    return [p.name for p in sig.parameters.values() if p.kind in kinds]
+
+
 def get_strategy(name: str) -> StrategySpec:
-    """Look up a strategy by name, with an error listing the known ones."""
+    """Look up a strategy by name, with an error listing the known ones. A name that is not
+    a built-in is looked for in the installed plugins' entry points (``eada.strategies``)."""
+    if name not in STRATEGIES:
+        from eada import plugins
+
+        plugins.load_entry_points("strategy")
     try:
         return STRATEGIES[name]
     except KeyError:
         known = ", ".join(sorted(STRATEGIES))
         raise ValueError(f"unknown strategy {name!r}; known strategies: {known}") from None
+
+
+def is_strategy(name: str) -> bool:
+    """Whether ``name`` is a registered strategy (looking in the plugins' entry points for a
+    name that is not a built-in)."""
+    try:
+        get_strategy(name)
+    except ValueError as err:
+        if "unknown strategy" in str(err):
+            return False
+        raise
+    return True
+
+
+def all_strategies() -> dict[str, StrategySpec]:
+    """Every strategy, the installed plugins' included (their entry points are loaded)."""
+    from eada import plugins
+
+    plugins.load_entry_points("strategy")
+    return dict(STRATEGIES)

@@ -201,11 +201,74 @@ COMPONENT_CLASSES: dict[str, type[AuxComponent]] = {}
 
 
 def register_component(cls: type[AuxComponent]) -> type[AuxComponent]:
-    """Class decorator adding a component to :data:`COMPONENT_CLASSES` under ``cls.name``."""
-    if cls.name in COMPONENT_CLASSES:
-        raise ValueError(f"training component {cls.name!r} is registered twice")
-    COMPONENT_CLASSES[cls.name] = cls
+    """Class decorator adding a component to :data:`COMPONENT_CLASSES` under ``cls.name``.
+
+    The one registration path (:func:`eada.extend.register_component` is this function): a
+    name already registered by another class is refused (a built-in is never replaced); the
+    same class registered again (its module imported twice) replaces it.
+
+    Raises:
+        ValueError: ``cls`` is not an :class:`AuxComponent` subclass with a name of its own
+            and ``settings`` of numbers, or the name is taken.
+    """
+    from eada import plugins
+
+    if not (isinstance(cls, type) and issubclass(cls, AuxComponent)):
+        raise ValueError(f"a training component must subclass AuxComponent, got {cls!r}")
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(
+            f"training component {cls.__qualname__}: set a class attribute name = '...' "
+            "(an identifier; the name in active.params.aux_components)"
+        )
+    for key, value in cls.settings.items():
+        if (
+            not isinstance(key, str)
+            or isinstance(value, bool)
+            or not isinstance(value, (int, float))
+        ):
+            raise ValueError(
+                f"training component {name!r}: settings must map names to numbers, got "
+                f"{key!r}: {value!r}"
+            )
+    if cls.from_params.__func__ is AuxComponent.from_params.__func__:  # type: ignore[attr-defined]
+        raise ValueError(f"training component {name!r}: define the classmethod from_params")
+    old = COMPONENT_CLASSES.get(name)
+    if old is not None:
+        same = old.__module__ == cls.__module__ and old.__qualname__ == cls.__qualname__
+        if not same or plugins.is_builtin(cls.__module__):
+            what = "training component"
+            raise ValueError(plugins.collision_message(what, name, old.__module__, cls.__module__))
+    COMPONENT_CLASSES[name] = cls
+    plugins.register_origin("component", name, cls.__module__)
     return cls
+
+
+def get_component(name: str) -> type[AuxComponent]:
+    """A training component by name (a name that is not a built-in is looked for in the
+    installed plugins' entry points, ``eada.components``).
+
+    Raises:
+        ValueError: unknown name, listing the known ones.
+    """
+    if name not in COMPONENT_CLASSES:
+        from eada import plugins
+
+        plugins.load_entry_points("component")
+    if name not in COMPONENT_CLASSES:
+        raise ValueError(
+            f"unknown training component {name!r}; known: {', '.join(COMPONENT_CLASSES)}"
+        )
+    return COMPONENT_CLASSES[name]
+
+
+def component_params() -> tuple[str, ...]:
+    """The ``active.params`` keys the training components read, the plugins' included: the
+    runner's :data:`TRAINING_SETTINGS` and every registered component's settings (what
+    :data:`COMPONENT_PARAMS` holds for the built-ins)."""
+    return tuple(
+        sorted({*TRAINING_SETTINGS, *(k for c in COMPONENT_CLASSES.values() for k in c.settings)})
+    )
 
 
 @register_component

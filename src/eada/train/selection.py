@@ -46,6 +46,7 @@ class SelectionMixin(TrainerBase):
             params.update(alpha1=a.alpha1, rule=a.selection_rule, budget_share=share)
         elif "budget_share" in spec.options:  # DUC's stage 1: ceil(N_T * share * kappa)
             params.update(budget_share=share)
+        params = spec.own_params(params)  # not the components' settings, unless **params
         if self.world == 1:
             sel = spec.fn(outputs, budget, self.strategy_rng, **params)
         else:  # rank 0 selects ONCE; every rank receives the same positions

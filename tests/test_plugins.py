@@ -1,0 +1,244 @@
+"""Plugins: a strategy, component, backbone or method from outside eada, through
+:mod:`eada.extend` only, loaded by ``--plugin``, a config's ``plugins:`` or an entry point, run
+in-process and on ``--jobs`` workers, named in every record that used it."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from eada import plugins
+from eada.cli import main
+from eada.runs import read_jsonl
+from support import flat, surf_task
+
+PLUGIN = """
+import numpy as np
+from eada.extend import PoolOutputs, Selection, check_request, register_strategy
+
+
+@register_strategy("my_margin", needs=("energies",), summary="smallest top-2 margin",
+                   reference="Scheffer et al., 2001")
+def my_margin(pool: PoolOutputs, budget: int, rng: np.random.Generator, *,
+              temperature: float = 1.0) -> Selection:
+    check_request(pool, budget)
+    p = np.sort(pool.probabilities("my_margin") ** (1.0 / temperature), axis=1)
+    score = p[:, -2] - p[:, -1]
+    return Selection(np.argsort(-score, kind="stable")[:budget], {"margin": -score})
+"""
+
+
+@pytest.fixture
+def registries() -> Iterator[None]:
+    """Every registry as it was before the test (a plugin's names are forgotten after it)."""
+    from eada import hparams
+    from eada.models import backbones
+    from eada.strategies import STRATEGIES
+    from eada.strategies.components import COMPONENT_CLASSES
+
+    saved = [
+        (STRATEGIES, dict(STRATEGIES)),
+        (COMPONENT_CLASSES, dict(COMPONENT_CLASSES)),
+        (backbones.BACKBONES, dict(backbones.BACKBONES)),
+        (hparams.METHODS, copy.deepcopy(hparams.METHODS)),
+        (hparams.METHOD_LABELS, dict(hparams.METHOD_LABELS)),
+        (plugins.LOADED, dict(plugins.LOADED)),
+        (plugins._ORIGINS, dict(plugins._ORIGINS)),
+    ]
+    modules = set(sys.modules)
+    groups = set(plugins._GROUPS_DONE)
+    yield
+    for registry, before in saved:
+        registry.clear()
+        registry.update(before)  # type: ignore[attr-defined]
+    for name in set(sys.modules) - modules:
+        if not name.startswith(("eada", "torch", "numpy", "scipy", "sklearn")):
+            del sys.modules[name]
+    plugins._GROUPS_DONE.clear()
+    plugins._GROUPS_DONE.update(groups)
+
+
+def write_plugin(folder: Path, name: str = "plug", text: str = PLUGIN) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+def test_single_file_plugin_through_bench_on_two_jobs(
+    tmp_path: Path, registries: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's check: ``eada bench T1,T2 --plugin plug.py --methods my_margin,random,eada
+    --seeds 0-1 --jobs 2`` gives 12 records, the plugin (its file's SHA-256) named in the 4
+    of my_margin and in no other; the template passes the plugin's strategy."""
+    from eada.testing import check_strategy
+
+    plug = write_plugin(tmp_path)
+    t1, t2 = surf_task(tmp_path, "t1"), surf_task(tmp_path, "t2")
+    out = tmp_path / "g"
+    argv = ["bench", f"{t1},{t2}", "--plugin", str(plug), "--methods", "my_margin,random,eada"]
+    code = main([*argv, "--seeds", "0-1", "--jobs", "2", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    recs = read_jsonl(out / "runs.jsonl")
+    assert len(recs) == 12
+    named = [r for r in recs if r["plugins"]]
+    assert sorted(r["method"] for r in named) == ["my_margin"] * 4
+    sha = plugins.sha256_of(plug)
+    for r in named:
+        assert r["plugins"] == [
+            {"module": "plug", "kind": "file", "path": str(plug.resolve()), "sha256": sha}
+        ]
+        assert r["strategy"] == "my_margin" and r["config"]["train"]["gamma"] == 0.0
+    assert "my_margin" in capsys.readouterr().out  # its row in the tables
+    check_strategy("my_margin")
+
+
+def test_a_changed_plugin_file_on_a_worker_is_refused(tmp_path: Path, registries: None) -> None:
+    plug = write_plugin(tmp_path, "changed_plug")
+    info = plugins.load_plugin(plug)
+    record = info.record()
+    plugins.activate([record])  # the same file: fine
+    with pytest.raises(plugins.PluginError, match="is another file"):
+        plugins.activate([{**record, "sha256": "0" * 64}])
+    gone = {**record, "module": "not_here_plug", "path": str(tmp_path / "not_here_plug.py")}
+    with pytest.raises(plugins.PluginError, match=r"'not_here_plug' .* not on worker .*upload"):
+        plugins.activate([gone])
+
+
+def test_config_plugins_and_run(tmp_path: Path, registries: None) -> None:
+    """A config's ``plugins:`` (a file beside the config) is imported before its strategy is
+    checked; ``eada run`` records the plugin; an unknown setting of the plugin's strategy is
+    an error naming the accepted ones, as for a built-in."""
+    from eada.config import ConfigError, load_config
+
+    write_plugin(tmp_path, "cfg_plug")
+    cfg_file = Path(surf_task(tmp_path, "t1"))
+    text = cfg_file.read_text().replace("strategy: eada", "strategy: my_margin")
+    cfg_file.write_text(text + "plugins: [cfg_plug.py]\n")
+    cfg = load_config(cfg_file)
+    assert cfg.active.strategy == "my_margin"
+    assert cfg.plugins == [str(tmp_path / "cfg_plug.py")]
+    assert "plugins" in cfg.resolved()
+    with pytest.raises(ConfigError, match=r"active.params.width is not a setting of strategy "
+                       r"'my_margin'; accepted: .*temperature"):  # fmt: skip
+        load_config(cfg_file, ["active.params.width=3"])
+    assert main(["run", str(cfg_file), "--out", str(tmp_path / "r")]) == 0
+    (line,) = read_jsonl(tmp_path / "r" / "runs.jsonl")
+    assert line["plugins"][0]["module"] == "cfg_plug"
+
+
+def test_names_of_builtins_are_refused_and_errors_name_the_plugin(
+    tmp_path: Path, registries: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clash = PLUGIN.replace('"my_margin", needs', '"margin", needs')
+    with pytest.raises(plugins.PluginError, match=r"strategy 'margin' is a built-in of eada"):
+        plugins.load_plugin(write_plugin(tmp_path, "clash", clash))
+    assert "clash" not in sys.modules  # a failed plugin leaves nothing behind
+    broken = write_plugin(tmp_path, "broken", "import numpy\nraise RuntimeError('oops')\n")
+    code = main(["strategies", "--plugin", str(broken)])
+    err = flat(capsys.readouterr().err)
+    assert code == 2 and f"plugin file {broken} failed to import: RuntimeError: oops" in err
+    code = main(["strategies", "--plugin", str(tmp_path / "missing.py")])
+    assert code == 2 and "plugin file not found" in capsys.readouterr().err
+    code = main(["bench", "toy", "--plugin", "no_such_module_x", "--out", str(tmp_path / "o")])
+    assert code == 2 and "plugin module 'no_such_module_x' is not importable" in flat(
+        capsys.readouterr().err
+    )
+    from eada.extend import register_method
+
+    with pytest.raises(ValueError, match=r"method 'eada' is a built-in of eada"):
+        register_method("eada", strategy="random")
+    with pytest.raises(ValueError, match=r"method 'x': active.params.nope is not a setting"):
+        register_method("x", strategy="random", params={"nope": 1})
+    with pytest.raises(ValueError, match=r"unknown training component 'nothing'"):
+        register_method("x", strategy="random", components=["nothing"])
+
+
+def test_plugin_listed_by_eada_strategies(
+    tmp_path: Path, registries: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plug = write_plugin(tmp_path, "listed")
+    assert main(["strategies", "--plugin", str(plug)]) == 0
+    out = capsys.readouterr().out
+    assert "my_margin" in out and "plugin listed.py" in flat(out).replace("│ ", "")
+
+
+def test_a_component_backbone_and_method_from_a_plugin(tmp_path: Path, registries: None) -> None:
+    """A training component (validated settings, the template), a method naming it, and a
+    backbone, all through eada.extend."""
+    from eada.hparams import preset_config
+    from eada.models.backbones import build_backbone
+    from eada.testing import check_component
+
+    text = (
+        PLUGIN
+        + """
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from eada.extend import AuxComponent, StepBatch, register_backbone, register_component
+from eada.extend import register_method
+
+
+@register_component
+class Spread(AuxComponent):
+    name = "spread"
+    settings: ClassVar[dict[str, float | int]] = {"spread_weight": 0.1}
+
+    def __init__(self, weight: float) -> None:
+        super().__init__()
+        self.weight = weight
+
+    @classmethod
+    def from_params(cls, dim: int, num_classes: int, params: dict[str, Any]) -> AuxComponent:
+        return cls(float(cls.setting(params, "spread_weight")))
+
+    def loss(self, batch: StepBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        loss = -self.weight * batch.zu.var(dim=0).mean()
+        return loss, {"loss_spread": float(loss.detach())}
+
+
+register_method("my_margin_spread", strategy="my_margin", components=["spread"],
+                params={"spread_weight": 0.2})
+
+
+@register_backbone("tiny_cnn")
+def tiny_cnn(pretrained: bool) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+"""
+    )
+    plugins.load_plugin(write_plugin(tmp_path, "fullplug", text))
+    check_component("spread")
+    cfg = preset_config("toy", "my_margin_spread", 0, ["train.epochs=3", "active.rounds_at=[1]"])
+    assert cfg.active.params == {"aux_components": ["spread"], "spread_weight": 0.2}
+    from eada.extend import plugins_of
+
+    assert [p["module"] for p in plugins_of(cfg, "my_margin_spread")] == ["fullplug"]
+    bb = build_backbone("tiny_cnn", weights="none")
+    assert bb.feature_dim == 4 and bb.normalization.name == "imagenet"
+    from eada.experiment import run_once
+
+    res = run_once(cfg)
+    assert any("loss_spread" in h for h in res["results"]["history"])
+    assert res["plugins"][0]["module"] == "fullplug"
+    from eada.extend import register_backbone
+
+    with pytest.raises(ValueError, match=r"backbone 'resnet18' is a built-in"):
+        register_backbone("resnet18")(lambda pretrained: None)
+
+
+def test_record_fields_are_json(tmp_path: Path) -> None:
+    info = plugins.PluginInfo("m", "entry point", package="p", version="1.0")
+    assert json.loads(json.dumps(info.record())) == {
+        "module": "m",
+        "kind": "entry point",
+        "package": "p",
+        "version": "1.0",
+    }
+    assert info.label == "p 1.0"
