@@ -473,10 +473,10 @@ OUTPUT_OPTIONS = ("out", "figures", "tensorboard")
 stores' own files before any work (:func:`check_outputs`)."""
 
 COMMAND_FILES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]] = {
-    "run": ((("out", "folder"), ("tensorboard", "folder")), ("config",)),
+    "run": ((("out", "folder"), ("tensorboard", "folder")), ("config", "plugin")),
     "demo": ((("out", "folder"),), ()),
     "report": ((("out", "file"), ("figures", "folder")), ("run_dir", "data_root")),
-    "bench": ((("out", "folder"),), ()),
+    "bench": ((("out", "folder"),), ("plugin",)),
     "data index": ((("out", "file"),), ("folder",)),
     "data features": ((("out", "file"),), ("config",)),
     "data unlabel": ((("out", "folder"), ("truth", "file")), ("folder",)),
