@@ -1168,7 +1168,9 @@ def _main(args: argparse.Namespace, phases: list[str], started: float, deadline:
     for i, name in enumerate(phases):
         later = sum(PHASES[p] * scale for p in phases[i + 1 :])
         left = deadline - time.perf_counter()
-        budget = min(PHASES[name] * scale, left - 0.5 * later) if i + 1 < len(phases) else left
+        # a phase's share, less where the later ones need half of theirs; the last one takes
+        # what is left (less 5 s to write the record)
+        budget = min(PHASES[name] * scale, left - 0.5 * later) if later else left - 5
         if budget < 10:
             record["phases"][name] = {
                 "cut": True,
@@ -1180,7 +1182,10 @@ def _main(args: argparse.Namespace, phases: list[str], started: float, deadline:
             record["phases"][name] = run_suite(args.out, budget)
         else:
             record["phases"][name] = run_phase(name, args, args.out, budget)
-        say(f"phase {name} done in {record['phases'][name].get('seconds')} s")
+        done = record["phases"][name]
+        how = "CUT at its budget" if done.get("cut") else "done"
+        what = f"{len(done['rows'])} rows" if "rows" in done else done.get("summary")
+        say(f"phase {name} {how} after {done.get('seconds')} s ({what})")
         write()
     text = markdown(record)
     print(text)
