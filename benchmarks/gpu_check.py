@@ -1062,7 +1062,16 @@ def _commit() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog="Here, once: --prepare. On the GPU machine, one device call (carry "
+        '[".cache/gpu_check"], timeout_s 600): python3 benchmarks/gpu_check.py --out "$OUT" '
+        "runs the WHOLE test suite first (pytest -n auto, CUDA visible), then the step table "
+        "with its ceiling, the Lite0 fine-tuning against device tensors, the equivalence check "
+        "of candidate defaults and the compile_mode variants last, each phase with its own "
+        "budget, the JSON, Markdown and log written under --out after every phase. "
+        "docs/gpu.md has the goals.",
+    )
     ap.add_argument(
         "--prepare",
         action="store_true",

