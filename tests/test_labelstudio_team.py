@@ -11,7 +11,11 @@ one task: the pull imports the rest and names the dispute (Label Studio task id 
 both annotators and answers); agreement is in status; a named reviewer settles it (`eada config
 set`) and training goes on. Round 2's tasks carry the pre-annotation Label Studio shows (the
 project's model version follows the round); an audit drawn while round 2 is out carries no
-prediction and is marked."""
+prediction and is marked.
+
+Issue 43 on the same server: a team that never stalls (a toy store of feature rows): each
+unusable answer or dead end stops one sample, status names it with its action, and the
+action (`eada labelstudio reopen`, `eada labelstudio push`) clears it."""
 
 from __future__ import annotations
 
@@ -220,3 +224,154 @@ def test_a_team_disagrees_a_reviewer_settles_and_round_2_shows_its_guesses(
             {"project": project, "url": "http://169.254.169.254/latest/", "send_payload": True},
         )
     assert refused.value.code == 403
+
+
+def _votes(p: Project, tmp: Path) -> list[dict[str, str]]:
+    import csv
+
+    out = tmp / f"x{len(list(tmp.glob('x*')))}"
+    p.export(out)
+    with open(out / "votes.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_a_team_that_never_stalls_in_label_studio(
+    label_studio: dict[str, Any], tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The ten mistakes of a team against the real server (a toy store of feature rows: no
+    images): an unknown label, an empty submission, a deleted task, self-contradicting
+    duplicates (a round's JSON imported again by hand), a changed answer after a pull, a
+    deleted annotation, a resubmission, Label Studio down, two pulls at once (the policy
+    change both ways: tests/test_store_disputes.py). Each time the rest imports and trains,
+    status names the sample and its action, and following the action clears it."""
+    import threading
+
+    from eada.store import labelstudio
+    from support import toy_project
+
+    ls = label_studio
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", ls["legacy_token"])
+    proj = toy_project(tmp_path, 6)
+    s = ["--store", str(proj.folder)]
+    classes = proj.classes
+    assert main(["labelstudio", "connect", *s, "--url", ls["url"]]) == 0
+    out = _flat(capsys.readouterr().out)
+    project = int(re.search(r"Label Studio project (\d+)", out).group(1))  # type: ignore[union-attr]
+    tasks = sorted(_tasks(ls, project), key=lambda t: t["id"])
+    assert len(tasks) == 6
+    sid = [t["data"]["sample_id"] for t in tasks]
+    # connecting again reports the rounds pushed before
+    assert main(["labelstudio", "connect", *s, "--url", ls["url"]]) == 0
+    assert "already pushed before: [1]" in _flat(capsys.readouterr().out)
+
+    # 1-3: an unknown label, an empty submission, a deleted task; 3 others answered
+    _annotate(ls, tasks[0]["id"], "caat")
+    _api(ls, "POST", f"/api/tasks/{tasks[1]['id']}/annotations/", {"result": []})
+    for t in tasks[2:5]:
+        _annotate(ls, t["id"], classes[0])
+    _api(ls, "DELETE", f"/api/tasks/{tasks[5]['id']}/")
+    assert main(["labelstudio", "pull", *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "3 new" in out and "3 sample(s) need attention" in out
+    assert main(["status", *s, "--json"]) == 0
+    att = {a["sample_id"]: a for a in json.loads(capsys.readouterr().out)["needs_attention"]}
+    assert set(att) == {sid[0], sid[1], sid[5]}
+    alice = f"label-studio:{ls['email']}"
+    assert "unknown class name 'caat'" in att[sid[0]]["why"]
+    assert att[sid[0]]["task"] == tasks[0]["id"] and att[sid[0]]["annotator"] == alice
+    assert "empty submission" in att[sid[1]]["why"] and att[sid[1]]["task"] == tasks[1]["id"]
+    assert f"eada labelstudio reopen {sid[1]}" in att[sid[1]]["action"]
+    assert "deleted" in att[sid[5]]["why"] and "eada labelstudio push" in att[sid[5]]["action"]
+    assert main(["train", *s]) == 0  # the rest trains: no sample is pending
+    capsys.readouterr()
+    assert Project(proj.folder).store.latest_checkpoint()["n_labeled"] == 3
+    # the actions: reopen the two tasks, push re-creates the deleted one; answered: cleared
+    assert main(["labelstudio", "reopen", str(sid[0]), str(sid[1]), *s]) == 0
+    assert "served again" in _flat(capsys.readouterr().out)
+    assert main(["labelstudio", "push", *s]) == 0
+    assert "tasks re-created for 1 sample(s) whose task was deleted" in _flat(
+        capsys.readouterr().out
+    )
+    now = {t["data"]["sample_id"]: t for t in _tasks(ls, project)}
+    assert set(now) == set(sid) and all(not now[x]["annotations"] for x in sid[:2])
+    for x in (sid[0], sid[1], sid[5]):
+        _annotate(ls, now[x]["id"], classes[1])
+    assert main(["labelstudio", "pull", *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "3 new" in out and "no longer need attention" in out
+    assert Project(proj.folder).status()["needs_attention"] == []
+
+    # 4: a round's JSON imported again by hand: duplicate tasks; alice answers one of them
+    # differently: that sample needs attention, the pull warns about the duplicates
+    dup_of = now[sid[2]]
+    _api(ls, "POST", f"/api/projects/{project}/import", [{"data": dup_of["data"]}])
+    dup = next(
+        t
+        for t in _tasks(ls, project)
+        if t["data"]["sample_id"] == sid[2] and t["id"] != dup_of["id"]
+    )
+    _annotate(ls, dup["id"], classes[1])
+    assert main(["labelstudio", "pull", *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "more than one task in Label Studio" in out and "conflicting duplicates" in out
+    assert [a["sample_id"] for a in Project(proj.folder).status()["needs_attention"]] == [sid[2]]
+    assert main(["labelstudio", "reopen", str(sid[2]), *s]) == 0
+    capsys.readouterr()
+    left = [t for t in _tasks(ls, project) if t["data"]["sample_id"] == sid[2]]
+    assert len(left) == 1 and not left[0]["annotations"]
+    _annotate(ls, left[0]["id"], classes[0])
+    assert main(["labelstudio", "pull", *s]) == 0
+    capsys.readouterr()
+    assert Project(proj.folder).status()["needs_attention"] == []
+
+    # 5-7: a changed answer after a pull (a correction; the first answer kept, superseded),
+    # a second annotation of one annotator (a resubmission), a deleted annotation (marked)
+    ann = _api(ls, "GET", f"/api/tasks/{now[sid[3]]['id']}/annotations/")[0]
+    _api(ls, "PATCH", f"/api/annotations/{ann['id']}/", _choice(classes[1]))
+    gone = _api(ls, "GET", f"/api/tasks/{now[sid[4]]['id']}/annotations/")[0]
+    _api(ls, "DELETE", f"/api/annotations/{gone['id']}/")
+    assert main(["labelstudio", "pull", *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "1 corrections" in out and "1 answer(s) deleted in Label Studio" in out
+    votes = _votes(Project(proj.folder), tmp_path)
+    first, second = [v for v in votes if v["sample_id"] == str(sid[3])]
+    assert first["label"] == classes[0] and first["superseded_at"] == second["time"]
+    assert first["time"] == ann["created_at"] != first["recorded"]
+    (deleted,) = [v for v in votes if v["sample_id"] == str(sid[4])]
+    assert deleted["deleted"]
+    assert len({v["time"] for v in votes}) > 4  # Label Studio's own times, not the pulls'
+
+    # 8: Label Studio down: a clear error, nothing changes; 9: two pulls at once
+    p = Project(proj.folder)
+    conn = labelstudio.connection(p)
+    with p.store.transaction():
+        p.store.set_meta(labelstudio.META_KEY, json.dumps({**conn, "url": "http://127.0.0.1:9"}))
+    assert main(["labelstudio", "pull", *s]) == 2
+    assert "127.0.0.1:9" in capsys.readouterr().err
+    with p.store.transaction():
+        p.store.set_meta(labelstudio.META_KEY, json.dumps(conn))
+    n_votes = len(_votes(p, tmp_path))
+    errors: list[BaseException] = []
+
+    def pull() -> None:
+        try:
+            labelstudio.pull(Project(proj.folder))
+        except BaseException as err:
+            errors.append(err)
+
+    both = [threading.Thread(target=pull) for _ in range(2)]
+    for t in both:
+        t.start()
+    for t in both:
+        t.join()
+    assert errors == [] and len(_votes(p, tmp_path)) == n_votes  # nothing twice
+
+    # the set-up docs: one personal access token a user, a second request answers 409
+    for _ in range(2):
+        try:
+            _api(ls, "POST", "/api/token/", {})
+        except urllib.error.HTTPError as err:
+            assert err.code == 409 and "revoke it" in err.read().decode()
+            break
+    else:
+        raise AssertionError("a second personal access token was handed out")

@@ -10,6 +10,7 @@ eada label import FILE --store DIR [--annotator NAME] [--allow-unqueried] [--for
 eada train --store DIR [--epochs N | --partial] [--simulate]
 eada labelstudio connect --store DIR --url URL [--project ID]   a live Label Studio project
 eada labelstudio pull --store DIR [--force] | push --store DIR
+eada labelstudio reopen SAMPLE... --store DIR   serve a task that needs attention again
 eada serve --store DIR [--host H] [--port P]  Label Studio ML backend (health/setup/predict/webhook)
 eada target scan --store DIR                   register new target files/rows, leave out vanished
 eada status --store DIR [--json]
@@ -205,7 +206,23 @@ def _cmd_query(args: argparse.Namespace) -> int:
             )
         elif doc.get("label_studio_note"):
             console.print(f"  Label Studio: {doc['label_studio_note']}")
-    if "csv" in out["files"]:
+    from eada.store import labelstudio
+
+    ls = labelstudio.connection(proj)
+    pushed = ls is not None and out["round"] in (ls.get("pushed") or [])
+    if pushed:
+        assert ls is not None
+        where = f"{ls['url']}/projects/{ls['project']}"
+        _say(
+            f"  pushed to Label Studio: round {out['round']}'s tasks are in project "
+            f"{ls['project']} ({where}/data); do not import its Label Studio JSON there by "
+            "hand (that makes duplicate tasks)"
+        )
+        _say_next(
+            f"eada labelstudio pull --store {quote(args.store)}   (once the round is labeled "
+            f"in Label Studio, {where})"
+        )
+    elif "csv" in out["files"]:
         _say_next(
             f"eada label import {quote(out['files']['csv'])} --store {quote(args.store)}   "
             "(once its label column is filled)"
@@ -402,6 +419,11 @@ def _cmd_ls_connect(args: argparse.Namespace) -> int:
             else ""
         )
         + f"); rounds pushed: {out['pushed'] or 'none yet'}"
+        + (
+            f" (already pushed before: {out['already_pushed']})"
+            if out.get("already_pushed")
+            else ""
+        )
     )
     if out["document_root"]:
         _say(
@@ -415,8 +437,38 @@ def _cmd_ls_connect(args: argparse.Namespace) -> int:
 def _cmd_ls_push(args: argparse.Namespace) -> int:
     from eada.store import labelstudio
 
-    pushed = labelstudio.push_pending(_project(args))
+    proj = _project(args)
+    pushed = labelstudio.push_pending(proj)
     console.print(f"rounds pushed to Label Studio: {pushed or 'none (all were pushed)'}")
+    again = labelstudio.recreate_deleted(proj)
+    if again:
+        _say(
+            f"tasks re-created for {len(again)} sample(s) whose task was deleted in Label "
+            f"Studio: {', '.join(map(str, again))}"
+        )
+    return 0
+
+
+def _cmd_ls_reopen(args: argparse.Namespace) -> int:
+    from eada.store import labelstudio
+
+    proj = _project(args)
+    out = labelstudio.reopen(proj, args.samples)
+    for r in out["reopened"]:
+        _say(
+            f"sample {r['sample_id']}: task {r['task']} served again"
+            + (
+                f" ({len(r['deleted_annotations'])} unusable annotation(s) deleted in Label "
+                "Studio; eada keeps what it recorded)"
+                if r["deleted_annotations"]
+                else ""
+            )
+        )
+    if out["recreated"]:
+        _say(f"tasks re-created for sample(s) {', '.join(map(str, out['recreated']))}")
+    _say_next(
+        f"eada labelstudio pull --store {quote(args.store)}   (once the task is answered again)"
+    )
     return 0
 
 
@@ -426,7 +478,24 @@ def _cmd_ls_pull(args: argparse.Namespace) -> int:
     proj = _project(args)
     out = labelstudio.pull(proj, force=args.force)
     _say(f"pulled {out['file']}: {import_summary(out)}")
+    if out.get("duplicate_tasks"):
+        dup = out["duplicate_tasks"]
+        _say(
+            f"warning: {len(dup)} sample(s) have more than one task in Label Studio (a round's "
+            "Label Studio JSON imported by hand after it was pushed?): "
+            + "; ".join(f"sample {sid}: tasks {', '.join(map(str, t))}" for sid, t in dup.items())
+            + f". `eada labelstudio reopen SAMPLE... --store {quote(args.store)}` keeps one "
+            "task each where one annotator answered two of them differently"
+        )
+    if out.get("deleted_answers"):
+        _say(
+            f"{out['deleted_answers']} answer(s) deleted in Label Studio since the last pull "
+            "(kept in the store, marked deleted in votes.csv)"
+        )
     print_disputes(out["disputes"], args.store, proj=proj)
+    from eada.store.attention import needs_attention
+
+    print_attention(needs_attention(proj.store.conn))
     _say_next(next_command(proj.next_action(), args.store, proj))
     return 0
 
@@ -784,9 +853,21 @@ def add_store_commands(sub: Any) -> None:
         "disputes, settled by store.conflicts",
     )
     p.set_defaults(func=_cmd_ls_connect)
-    p = lssub.add_parser("push", help="send the rounds Label Studio has not received yet")
+    p = lssub.add_parser(
+        "push",
+        help="send the rounds Label Studio has not received yet, and re-create the tasks "
+        "deleted there of samples that still need answers",
+    )
     store_arg(p)
     p.set_defaults(func=_cmd_ls_push)
+    p = lssub.add_parser(
+        "reopen",
+        help="serve the tasks of samples that need attention again (their unusable "
+        "annotations deleted in Label Studio; a deleted task re-created)",
+    )
+    p.add_argument("samples", nargs="+", type=int, metavar="SAMPLE", help="sample ids")
+    store_arg(p)
+    p.set_defaults(func=_cmd_ls_reopen)
     p = lssub.add_parser("pull", help="import the submitted annotations and skips")
     store_arg(p)
     p.add_argument(

@@ -10,7 +10,7 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote, unquote
@@ -48,6 +48,10 @@ class LabelItem:
         answered: when the answer was given, as its source says (Label Studio's
             ``created_at``), or ``None``.
         updated: when it was last changed there (``updated_at``), or ``None``.
+        problem: why the answer cannot be used (an empty submission, several choices), or
+            ``None``: the sample then needs attention (:mod:`eada.store.attention`).
+        earlier: the same annotator's earlier answers on the same task (a resubmission),
+            oldest first, kept as superseded answers.
     """
 
     where: str
@@ -60,6 +64,8 @@ class LabelItem:
     task: int | None = None
     answered: str | None = None
     updated: str | None = None
+    problem: str | None = None
+    earlier: list[LabelItem] = field(default_factory=list)
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -250,11 +256,36 @@ def _ls_annotator(ann: dict[str, Any]) -> str | None:
     return None if who is None else f"label-studio:{who}"
 
 
+def _ls_answer(ann: dict[str, Any]) -> tuple[str | None, bool, str | None]:
+    """One Label Studio annotation as ``(label, skipped, problem)``: a choice is a label, a
+    cancelled annotation a skip; no choice (an empty submission) or several are a problem."""
+    if ann.get("was_cancelled"):
+        return None, True, None
+    chosen: list[Any] = []
+    for res in ann.get("result") or []:
+        if not isinstance(res, dict) or res.get("type") != "choices":
+            continue
+        value = res.get("value")
+        got = value.get("choices") if isinstance(value, dict) else None
+        chosen += got if isinstance(got, list) else [got]
+    if not chosen:
+        return (
+            None,
+            False,
+            "an empty submission (no choice): Label Studio serves the task to nobody",
+        )
+    if len(chosen) > 1:
+        return None, False, f"{len(chosen)} choices in one answer ({chosen!r}), one expected"
+    return str(chosen[0]), False, None
+
+
 def read_label_studio(tasks: list[Any]) -> list[LabelItem]:
     """Label Studio tasks with their annotations: one item per annotator of a task (their
-    newest annotation: a choice is a label, a cancelled one a skip), named by the task's id
-    and the sample (``Label Studio task 17 (sample 42)``), so several annotators of one task
-    are several answers (votes), settled by ``store.conflicts``."""
+    newest annotation: a choice is a label, a cancelled one a skip; their earlier ones on the
+    task in ``earlier``), named by the task's id, the sample and the annotation
+    (``Label Studio task 17 (sample 42), annotation 9``), so several annotators of one task
+    are several answers (votes), settled by ``store.conflicts``. An annotation that cannot be
+    used (no choice: an empty submission; several choices) is an item with a ``problem``."""
     items = []
     for i, task in enumerate(tasks, start=1):
         tid = task.get("id") if isinstance(task, dict) else None
@@ -267,7 +298,8 @@ def read_label_studio(tasks: list[Any]) -> list[LabelItem]:
         anns = task.get("annotations") or []
         if not isinstance(anns, list):
             raise ImportFileError(f"{where}: 'annotations' must be a list")
-        by_who: dict[str | None, tuple[str | None, bool]] = {}
+        by_who: dict[str | None, list[tuple[dict[str, Any], tuple[str | None, bool, str | None]]]]
+        by_who = {}
 
         def newest_last(a: Any) -> tuple[str, int]:
             if not isinstance(a, dict):
@@ -280,41 +312,64 @@ def read_label_studio(tasks: list[Any]) -> list[LabelItem]:
             if not isinstance(ann, dict):
                 continue
             who = _ls_annotator(ann)
-            got: tuple[str | None, bool] | None = None
-            if ann.get("was_cancelled"):
-                got = (None, True)
-            for res in [] if got else ann.get("result") or []:
-                if not isinstance(res, dict) or res.get("type") != "choices":
-                    continue
-                value = res.get("value")
-                choices = value.get("choices") if isinstance(value, dict) else None
-                if not isinstance(choices, list) or len(choices) != 1:
-                    raise ImportFileError(f"{where}: expected exactly one choice, got {choices!r}")
-                got = (str(choices[0]), False)
-            if got is None:
-                continue
-            if who is None and who in by_who and by_who[who] != got:
-                shown = sorted(str(a or "skip") for a in {by_who[who][0], got[0]})
+            got = _ls_answer(ann)
+            if who is None and who in by_who and by_who[who][-1][1] != got:
+                shown = sorted(str(a or "skip") for a in {by_who[who][-1][1][0], got[0]})
                 raise ImportFileError(
                     f"{where}: conflicting annotations {shown} by annotators the export does "
                     "not name (no completed_by): export with the annotators, or keep one"
                 )
-            by_who[who] = got
+            by_who.setdefault(who, []).append((ann, got))
         path = data.get("path")
         img = data.get("image")
         if path is None and isinstance(img, str) and img.startswith(LS_LOCAL_PREFIX):
             path = unquote(img[len(LS_LOCAL_PREFIX) :])
-        for who, (label, skipped) in by_who.items():
-            fields: dict[str, Any] = {"sample_id": data.get("sample_id"), "path": path}
-            if skipped:
-                fields["skip"] = LS_SKIP_REASON
-            else:
-                fields["label"] = label
-            item = _item(fields, where)
-            if item is not None:
-                item.annotator = who
-                items.append(item)
+        for who, answers in by_who.items():
+            made = [
+                _ls_item(data, path, where, who, tid, ann, got)
+                for ann, got in answers
+                if got[0] is not None or got[1] or got[2] is not None
+            ]
+            if made:
+                made[-1].earlier = [m for m in made[:-1] if m.problem is None]
+                items.append(made[-1])
     return items
+
+
+def _ls_item(
+    data: dict[str, Any],
+    path: Any,
+    where: str,
+    who: str | None,
+    tid: Any,
+    ann: dict[str, Any],
+    got: tuple[str | None, bool, str | None],
+) -> LabelItem:
+    label, skipped, problem = got
+    ident = ann.get("id")
+    at = f"{where}, annotation {ident}" if isinstance(ident, int) else where
+    task = tid if isinstance(tid, int) else None
+    answered = ann.get("created_at") if isinstance(ann.get("created_at"), str) else None
+    updated = ann.get("updated_at") if isinstance(ann.get("updated_at"), str) else None
+    if problem is not None:
+        item = _item({"sample_id": data.get("sample_id"), "path": path, "skip": "x"}, at)
+        assert item is not None
+        item.skip = None
+    else:
+        fields: dict[str, Any] = {"sample_id": data.get("sample_id"), "path": path}
+        if skipped:
+            fields["skip"] = LS_SKIP_REASON
+        else:
+            fields["label"] = label
+        got_item = _item(fields, at)
+        assert got_item is not None
+        item = got_item
+    item.annotator = who
+    item.task = task
+    item.answered = answered
+    item.updated = updated
+    item.problem = problem
+    return item
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

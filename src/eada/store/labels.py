@@ -391,6 +391,9 @@ class ProjectLabels(ProjectCheckpoints):
                 continue
             sid = int(sample["id"])
             k: int | None = None
+            if it.problem is not None:  # an answer that cannot be used (empty submission)
+                unusable.setdefault((sid, who), []).append((it, it.problem))
+                continue
             if it.label is not None:
                 if it.label not in class_id:
                     # an unusable answer: this sample needs attention, the rest imports
@@ -546,8 +549,24 @@ class ProjectLabels(ProjectCheckpoints):
                 stamp,
             )
             attention.record(c, quarantined, source_name, stamp)
+            earlier = [
+                (sid, who, e, None if e.label is None else class_id.get(e.label))
+                for sid, by_who in chosen.items()
+                for who, (it, _) in by_who.items()
+                for e in it.earlier
+                if e.label is None or e.label in class_id
+            ]
+            earlier = [  # a resubmission's earlier answers, each recorded once
+                x
+                for x in earlier
+                if c.execute(
+                    "SELECT 1 FROM votes WHERE sample_id = ? AND annotator = ? AND origin = ?",
+                    (x[0], x[1], x[2].where),
+                ).fetchone()
+                is None
+            ]
             import_id = None
-            if changes or new_votes or opened or settled or quarantined or cleared:
+            if changes or new_votes or opened or settled or quarantined or cleared or earlier:
                 # a file that changes nothing (re-imported, header only) leaves no trace
                 if changes:
                     self._set_mode(source)
@@ -562,7 +581,7 @@ class ProjectLabels(ProjectCheckpoints):
                 "import_id, origin, answered, updated) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (sid, who, k, it.skip, stamp, import_id, it.where, it.answered, it.updated)
-                    for sid, who, it, k in new_votes
+                    for sid, who, it, k in earlier + new_votes
                 ],
             )
             c.executemany(

@@ -34,7 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from eada.store.db import q
+from eada.store import attention
+from eada.store.db import how, now, q
 from eada.store.labelfiles import (
     LS_FROM_NAME,
     label_studio_config,
@@ -425,7 +426,8 @@ def connect(
 
     Returns:
         ``{"url", "project", "storage", "storages", "document_root", "overlap", "pushed":
-        [round numbers pushed], "answers_needed"}``.
+        [round numbers pushed now], "already_pushed": [those pushed before],
+        "answers_needed"}``.
 
     Raises:
         LabelStudioError: Label Studio unreachable, the token refused, a given project whose
@@ -442,9 +444,15 @@ def connect(
     if same and root is None and overlap is None:
         assert old is not None
         client.request("GET", f"/api/projects/{old['project']}/")  # still there, token valid
+        before = sorted(old.get("pushed", []))
         pushed = [push_round(project, n, client) for n in _unpushed(project)]
         sync_model_version(project, client)
-        return {**old, "pushed": pushed, "answers_needed": project.options.answers_needed}
+        return {
+            **old,
+            "pushed": pushed,
+            "already_pushed": before,
+            "answers_needed": project.options.answers_needed,
+        }
     images = any(r["path"] for r in project.store.samples("target"))
     doc_root = _document_root(project) if images else None  # feature rows: no files served
     folders = _storage_folders(project, doc_root) if doc_root is not None else []
@@ -509,8 +517,14 @@ def connect(
         project.store.set_meta(META_KEY, json.dumps(conn))
     if overlap is not None and overlap != project.options.answers_needed:
         project.set_options({"answers_needed": overlap})  # a sample counts once N agree
+    before = sorted(conn["pushed"])
     pushed = [push_round(project, n, client) for n in _unpushed(project)]
-    return {**conn, "pushed": pushed, "answers_needed": project.options.answers_needed}
+    return {
+        **conn,
+        "pushed": pushed,
+        "already_pushed": before,
+        "answers_needed": project.options.answers_needed,
+    }
 
 
 def _unpushed(project: Any) -> list[int]:
@@ -624,9 +638,10 @@ def pull(project: Any, force: bool = False, token: str | None = None) -> dict[st
     project.store.check_writable()
     if project.store.get_meta("mode") == "simulated":
         project._set_mode("human")  # raises: a simulated run takes no human labels
-    return project._write_labels(
+    source = f"{client.url}/projects/{conn['project']}"
+    out: dict[str, Any] = project._write_labels(
         items,
-        f"{client.url}/projects/{conn['project']}",
+        source,
         hashlib.sha256(raw).hexdigest(),
         "label-studio-live",
         "label-studio",
@@ -634,3 +649,227 @@ def pull(project: Any, force: bool = False, token: str | None = None) -> dict[st
         False,
         force,
     )
+    with project.store.transaction() as c:  # the dead ends, read under the write lock
+        out["deleted_tasks"] = _note_deleted_tasks(project, c, tasks, source)
+        out["deleted_answers"] = _mark_deleted_answers(c, tasks, source)
+        out["needs_attention_total"] = len(attention.needs_attention(c))
+    out["duplicate_tasks"] = {
+        sid: sorted(int(t["id"]) for t in ts)
+        for sid, ts in sorted(_samples_of_tasks(tasks).items())
+        if len(ts) > 1
+    }
+    out["pending"] = len(project.pending())
+    return out
+
+
+DELETED_TASK = "its Label Studio task was deleted: no task serves it"
+"""The ``why`` of a sample whose task is gone while it still needs answers."""
+_TASK_IN_ORIGIN = re.compile(r"Label Studio task (\d+)")
+
+
+def _samples_of_tasks(tasks: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = {}
+    for t in tasks:
+        data = t.get("data") if isinstance(t, dict) else None
+        sid = data.get("sample_id") if isinstance(data, dict) else None
+        if isinstance(sid, int):
+            out.setdefault(sid, []).append(t)
+    return out
+
+
+def unserved(project: Any, c: Any, tasks: list[dict[str, Any]]) -> list[int]:
+    """The samples of the rounds pushed to Label Studio that no task serves any more (deleted
+    there) although they still need answers (no answer in force, no open dispute)."""
+    conn = connection(project) or {}
+    pushed = [int(n) for n in conn.get("pushed", [])]
+    if not pushed:
+        return []
+    have = _samples_of_tasks(tasks)
+    marks = ",".join("?" * len(pushed))
+    rows = c.execute(
+        "SELECT rs.sample_id FROM round_samples rs JOIN rounds r ON r.id = rs.round_id WHERE "
+        f"r.number IN ({marks}) AND rs.rank IS NOT NULL AND NOT EXISTS (SELECT 1 FROM labels l "
+        "WHERE l.sample_id = rs.sample_id) AND NOT EXISTS (SELECT 1 FROM disputes d WHERE "
+        "d.sample_id = rs.sample_id AND d.resolved IS NULL) ORDER BY rs.sample_id",
+        pushed,
+    )
+    return [int(r[0]) for r in rows if int(r[0]) not in have]
+
+
+def _note_deleted_tasks(
+    project: Any, c: Any, tasks: list[dict[str, Any]], source: str
+) -> list[int]:
+    """Put each sample no task serves any more in *needs attention* (action: ``eada
+    labelstudio push``, which re-creates its task); clear that entry where a task serves it
+    again. Returns the samples found without a task."""
+    gone = unserved(project, c, tasks)
+    have = _samples_of_tasks(tasks)
+    stamp = now()
+    for r in c.execute(
+        "SELECT id, sample_id FROM attention WHERE cleared IS NULL AND why = ?", (DELETED_TASK,)
+    ).fetchall():
+        if int(r["sample_id"]) in have:
+            c.execute(
+                "UPDATE attention SET cleared = ?, how = 'a task serves it again' WHERE id = ?",
+                (stamp, r["id"]),
+            )
+    action = "re-create its task: " + how(
+        f"eada labelstudio push --store {q(project.folder)}",
+        "eada.store.labelstudio.recreate_deleted(project)",
+    )
+    attention.record(
+        c,
+        [attention.Problem(sid, LS_IMPORTER, DELETED_TASK, action) for sid in gone],
+        source,
+        stamp,
+    )
+    return gone
+
+
+def _mark_deleted_answers(c: Any, tasks: list[dict[str, Any]], source: str) -> int:
+    """Mark (``votes.deleted``) every answer pulled from this project whose annotation is no
+    longer there (the annotation or its task deleted in Label Studio); the answer stays in
+    the store and in ``votes.csv``. Returns how many were marked."""
+    from eada.store.labelfiles import _ls_annotator
+
+    present: set[tuple[int, str]] = set()
+    for t in tasks:
+        tid = t.get("id") if isinstance(t, dict) else None
+        for ann in (t.get("annotations") or []) if isinstance(t, dict) else []:
+            who = _ls_annotator(ann) if isinstance(ann, dict) else None
+            if isinstance(tid, int) and who is not None:
+                present.add((tid, who))
+    stamp = now()
+    marked = 0
+    for v in c.execute(
+        "SELECT v.id, v.annotator, v.origin FROM votes v JOIN imports i ON i.id = v.import_id "
+        "WHERE i.file = ? AND i.format = 'label-studio-live' AND v.deleted IS NULL",
+        (source,),
+    ).fetchall():
+        m = _TASK_IN_ORIGIN.search(v["origin"] or "")
+        if m is not None and (int(m.group(1)), v["annotator"]) not in present:
+            c.execute("UPDATE votes SET deleted = ? WHERE id = ?", (stamp, v["id"]))
+            marked += 1
+    return marked
+
+
+LS_IMPORTER = "label-studio"
+"""The annotator named on an entry that no annotator's answer caused (a deleted task)."""
+
+
+def recreate_deleted(project: Any, client: LabelStudioClient | None = None) -> list[int]:
+    """Re-create the task of every pushed sample that no Label Studio task serves any more
+    while it still needs answers (deleted there). Returns the samples sent again."""
+    conn = connection(project)
+    if conn is None:
+        return []
+    client = client or client_for(project)
+    tasks = fetch_tasks(project, client)
+    gone = set(unserved(project, project.store.conn, tasks))
+    if not gone:
+        return []
+    sent: list[int] = []
+    rows_by_round: dict[int, list[dict[str, Any]]] = {}
+    for r in project.store.rounds():
+        if r["number"] not in conn.get("pushed", []):
+            continue
+        rows = [x for x in project.round_rows(r["number"]) if x["sample_id"] in gone]
+        rows = [x for x in rows if x["sample_id"] not in sent]
+        if rows:
+            rows_by_round[r["number"]] = rows
+            sent += [x["sample_id"] for x in rows]
+    for number, rows in rows_by_round.items():
+        roots = [_document_root(project)] if any(r["path"] for r in rows) else []
+        try:
+            made = label_studio_tasks(rows, roots, number)
+        except ValueError as err:
+            raise LabelStudioError(str(err)) from None
+        client.request("POST", f"/api/projects/{conn['project']}/import", made)
+    with project.store.transaction() as c:
+        stamp = now()
+        for sid in sent:
+            c.execute(
+                "UPDATE attention SET cleared = ?, how = 'task re-created by push' WHERE "
+                "sample_id = ? AND why = ? AND cleared IS NULL",
+                (stamp, sid, DELETED_TASK),
+            )
+    return sorted(sent)
+
+
+def reopen(project: Any, sample_ids: list[int], token: str | None = None) -> dict[str, Any]:
+    """Serve the tasks of ``sample_ids`` (samples that need attention) again to the
+    annotators they need: the unusable annotations of each entry's annotator on the
+    sample's tasks are deleted in Label Studio (an empty submission, an unknown class,
+    several choices, one annotator's contradicting answers; eada keeps what it recorded),
+    duplicate tasks of one sample beyond the first are deleted, and a sample no task serves
+    is given a new task. The entry stays open (its action now says to answer and pull) until
+    the annotator's usable answer is pulled.
+
+    Returns:
+        ``{"reopened": [{"sample_id", "task", "deleted_annotations"}], "recreated": [ids]}``.
+
+    Raises:
+        LabelStudioError: not connected, Label Studio unreachable, or a sample that does
+            not need attention.
+    """
+    from eada.store.labelfiles import _ls_annotator, _ls_answer
+
+    conn = connection(project)
+    if conn is None:
+        raise LabelStudioError(
+            f"{project.folder} is not connected to Label Studio: `eada labelstudio connect`"
+        )
+    project.store.check_writable()
+    entries = attention.needs_attention(project.store.conn)
+    open_for: dict[int, list[dict[str, Any]]] = {}
+    for e in entries:
+        open_for.setdefault(int(e["sample_id"]), []).append(e)
+    wrong = [sid for sid in sample_ids if sid not in open_for]
+    if wrong:
+        listed = ", ".join(str(s) for s in sorted(open_for)) or "none"
+        raise LabelStudioError(
+            f"sample(s) {', '.join(map(str, wrong))} do not need attention (those that do: "
+            f"{listed}; `eada status` lists them)"
+        )
+    client = client_for(project, token)
+    tasks = fetch_tasks(project, client)
+    by_sample = _samples_of_tasks(tasks)
+    classes = set(project.classes)
+    out: list[dict[str, Any]] = []
+    recreate = False
+    for sid in sample_ids:
+        mine = sorted(by_sample.get(sid, []), key=lambda t: int(t.get("id") or 0))
+        if not mine:
+            recreate = True
+            continue
+        deleted = []
+        for dup in mine[1:]:  # duplicates (a round's JSON imported again): one task a sample
+            client.request("DELETE", f"/api/tasks/{dup['id']}/")  # its annotations go with it
+            deleted += [int(a["id"]) for a in dup.get("annotations") or [] if "id" in a]
+        who = {e["annotator"] for e in open_for[sid]}
+        contradicted = any("conflicting duplicates" in e["why"] for e in open_for[sid])
+        for ann in mine[0].get("annotations") or []:
+            if not isinstance(ann, dict) or _ls_annotator(ann) not in who:
+                continue
+            label, _, problem = _ls_answer(ann)
+            if problem is None and (label is None or label in classes) and not contradicted:
+                continue  # a usable answer on the kept task stays
+            client.request("DELETE", f"/api/annotations/{ann['id']}/")
+            deleted.append(int(ann["id"]))
+        out.append({"sample_id": sid, "task": int(mine[0]["id"]), "deleted_annotations": deleted})
+    recreated = recreate_deleted(project, client) if recreate else []
+    with project.store.transaction() as c:
+        for r in out:
+            c.execute(
+                "UPDATE attention SET action = ?, task = ? WHERE sample_id = ? AND cleared IS NULL",
+                (
+                    f"re-served in Label Studio (task {r['task']}): answer it there, then pull: "
+                    + how(
+                        f"eada labelstudio pull --store {q(project.folder)}",
+                        "eada.store.labelstudio.pull(project)",
+                    ),
+                    r["task"],
+                    r["sample_id"],
+                ),
+            )
+    return {"reopened": out, "recreated": recreated}
