@@ -102,6 +102,10 @@ def test_report_compare_command_writes_json_markdown_and_diagram(
     a, b = (json.loads((d / "comparison.json").read_text()) for d in (out, again))
     a.pop("sources"), b.pop("sources")
     assert a == b
+    # OUT is a folder: the same command again replaces its files; never into its input
+    assert main(["report", "--compare", str(synthetic["folder"]), "--out", str(out)]) == 0
+    assert main(["report", "--compare", str(synthetic["folder"]), "--out",
+                 str(synthetic["folder"] / "runs.jsonl")]) == 2  # fmt: skip
 
 
 def test_bad_requests_are_one_line_errors(

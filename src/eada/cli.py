@@ -515,13 +515,15 @@ def check_outputs(args: argparse.Namespace) -> None:
 
     command = command_name(args)
     outputs, input_options = COMMAND_FILES.get(command, ((), ()))
+    if command == "report" and getattr(args, "compare", None):  # --compare: OUT is a folder
+        outputs, input_options = (("out", "folder"),), ("compare",)
     inputs: list[str] = []
     for name in input_options:
         value = getattr(args, name, None)
         values = value if isinstance(value, list) else [value]
         inputs += [v for v in values if isinstance(v, str) and v and v != "-"]
     allow: list[Path] = []
-    if command == "report":  # the report rewrites its own page beside the run or store
+    if command == "report" and args.run_dir:  # it rewrites its own page beside the run
         allow.append(Path(args.run_dir) / "report.html")
     checked = set()
     for name, kind in outputs:

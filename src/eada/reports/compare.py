@@ -17,7 +17,8 @@ What is tested (:func:`compare`):
   the same score on every seed: no test either (``identical``); a difference that is the same
   on every seed leaves the t statistic undefined: no test (``note``).
 * **across tasks**, on each row's mean over seeds per task: the **Friedman** test
-  (``scipy.stats.friedmanchisquare``; 3 rows or more), the mean ranks (1 = best, ties
+  (``scipy.stats.friedmanchisquare``; 3 rows or more; every row tied on every task, where
+  scipy divides 0 by 0: statistic 0, p = 1), the mean ranks (1 = best, ties
   averaged), the **Nemenyi** post-hoc test with its critical difference (Demšar 2006;
   ``scikit_posthocs.posthoc_nemenyi_friedman``) and the **Wilcoxon signed-rank** test of every
   pair, **Holm-corrected** (``scikit_posthocs.posthoc_wilcoxon``; what Benavoli et al. 2016
