@@ -194,8 +194,9 @@ def end_to_end(paths: list[Path], args: Any, cache: Path) -> dict:
     Each pass records its wall time and the process's CPU time (every thread: decoding and
     model), so ``img_per_cpu_s`` is the speed per core whatever the machine's load; the ONNX
     session is opened (export cached) once before the rounds and its setup reported apart."""
+    from eada.data.datasets import ImageDomain
     from eada.data.features import extract_features
-    from eada.data.images import ImageDomain, ImageList
+    from eada.data.images import ImageList
     from eada.data.transforms import TransformSpec, build_transform, normalization_for
     from eada.models.backbones import build_backbone
     from eada.models.engines import max_relative_difference

@@ -24,7 +24,7 @@ import pytest
 from eada.cli import main
 from eada.hparams import preset_config
 from eada.store import Project, init_project
-from eada.store import project as store_project
+from eada.store import exports as store_exports
 from eada.store.exports import EXPORT_FILES
 from support import truth_rows
 
@@ -115,7 +115,7 @@ def test_import_during_export_never_tears_it(
     folder = _fresh(template, tmp_path / "p")
     pristine = tmp_path / "pristine"
     shutil.copytree(folder, pristine)
-    real = store_project.predictions_csv
+    real = store_exports.predictions_csv
     gate: dict[str, Any] = {}
 
     def slow_predictions(project: Any, state: Any) -> str:
@@ -123,7 +123,7 @@ def test_import_during_export_never_tears_it(
             gate["between"]()  # the import commits here
         return real(project, state)
 
-    monkeypatch.setattr(store_project, "predictions_csv", slow_predictions)
+    monkeypatch.setattr(store_exports, "predictions_csv", slow_predictions)
 
     def do_import() -> None:
         p = Project(folder)

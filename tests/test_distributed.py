@@ -254,7 +254,7 @@ def test_more_processes_than_gpus_under_nccl_is_a_clear_error(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     joined = []
-    monkeypatch.setattr(distributed.dist, "init_process_group", lambda **kw: joined.append(kw))
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kw: joined.append(kw))
     with pytest.raises(distributed.DeviceCountError, match=r"2 processes .* 1 CUDA device"):
         distributed.setup()
     code = main(

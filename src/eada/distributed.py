@@ -24,25 +24,28 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import weakref
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-import torch.distributed as dist
-
-from eada import energy as energy_ops
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 def is_distributed() -> bool:
-    """Whether a process group is initialised."""
-    return dist.is_available() and dist.is_initialized()
+    """Whether a process group is initialised (never where ``torch.distributed`` was not even
+    imported: asking imports no torch)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def rank_world() -> tuple[int, int]:
     """``(rank, world_size)``; ``(0, 1)`` without a process group."""
+    import torch.distributed as dist
+
     if not is_distributed():
         return 0, 1
     return dist.get_rank(), dist.get_world_size()
@@ -56,6 +59,8 @@ def check_nccl_devices() -> None:
     """Under ``nccl`` every process of a machine needs its own GPU: raise
     :class:`DeviceCountError`, naming both counts, when ``torchrun`` started more processes on
     this machine (``LOCAL_WORLD_SIZE``, else ``WORLD_SIZE``) than CUDA devices are visible."""
+    import torch
+
     procs = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     gpus = torch.cuda.device_count()
     if procs > gpus:
@@ -74,6 +79,9 @@ def setup(backend: str | None = None, timeout_s: float = 300.0) -> tuple[int, in
     Raises:
         DeviceCountError: ``nccl`` with more processes on this machine than GPUs
             (:func:`check_nccl_devices`), before joining the group."""
+    import torch
+    import torch.distributed as dist
+
     missing = [
         k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ
     ]
@@ -103,6 +111,8 @@ def setup(backend: str | None = None, timeout_s: float = 300.0) -> tuple[int, in
 
 def backend_name() -> str:
     """The process group's backend (``gloo``/``nccl``), or ``none``."""
+    import torch.distributed as dist
+
     return str(dist.get_backend()) if is_distributed() else "none"
 
 
@@ -128,6 +138,8 @@ def teardown() -> None:
     that destroying the group really ends it and its threads: a group kept alive past this
     point keeps gloo's threads running into the interpreter's exit, which can abort it (exit
     code -6, "terminate called without an active exception") after a run that succeeded."""
+    import torch.distributed as dist
+
     if is_distributed():
         for holder in list(_HOLDERS):
             holder.release_group()
@@ -146,7 +158,6 @@ def shard(n: int, rank: int, world: int) -> slice:
     return slice(start, start + base + (1 if rank < extra else 0))
 
 
-@torch.no_grad()
 def stream_scores(
     energy_chunks: Iterable[torch.Tensor], n: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -154,12 +165,26 @@ def stream_scores(
 
     The ``(N, C)`` outputs are never held: each chunk is reduced to ``F`` and ``U`` and dropped.
     Gives exactly the values :func:`eada.energy.free_energy` / :func:`eada.energy.mvsm` give on
-    the concatenated energies (same float32 arithmetic per row).
+    the concatenated energies (same float32 arithmetic per row). The stream is read without
+    autograd.
 
     Args:
         energy_chunks: energies chunk by chunk, in pool order.
         n: the total number of rows when known (preallocates; otherwise the lists grow).
     """
+    import torch
+
+    with torch.no_grad():
+        return _stream_scores(energy_chunks, n)
+
+
+def _stream_scores(
+    energy_chunks: Iterable[torch.Tensor], n: int | None
+) -> tuple[np.ndarray, np.ndarray]:
+    import numpy as np
+
+    from eada import energy as energy_ops
+
     if n is not None:
         f = np.empty(n, dtype=np.float32)
         u = np.empty(n, dtype=np.float32)
@@ -185,6 +210,9 @@ def stream_scores(
 
 def _device() -> torch.device:
     """Where the backend's tensors live: the current CUDA device for nccl, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
     return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
@@ -195,6 +223,10 @@ def gather_rows(local: np.ndarray, n_total: int) -> np.ndarray:
     Keeps the dtype (float32 energies, int32 predictions, ...). Works with gloo and nccl: the
     shards are padded to the largest one and moved to the backend's device. Shapes and dtypes
     are exchanged first, so a rank with an empty shard still agrees with the others."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
     rank, world = rank_world()
     local = np.ascontiguousarray(local)
     if world == 1:
@@ -222,6 +254,9 @@ def gather_rows(local: np.ndarray, n_total: int) -> np.ndarray:
 
 def all_mean(value: torch.Tensor) -> torch.Tensor:
     """The mean of a scalar tensor over all ranks (itself without a process group)."""
+    import torch
+    import torch.distributed as dist
+
     if not is_distributed():
         return value
     t = value.detach().reshape(1).to(_device(), torch.float64)
@@ -233,6 +268,9 @@ def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
     """Average the gradients of ``params`` over all ranks in place (for parameters outside the
     DDP-wrapped model, e.g. a baseline's domain discriminator). A parameter without a gradient
     counts as zero; every rank must pass the same parameters in the same order."""
+    import torch
+    import torch.distributed as dist
+
     if not is_distributed():
         return
     world = dist.get_world_size()
@@ -245,6 +283,8 @@ def average_gradients(params: Iterable[torch.nn.Parameter]) -> None:
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s picklable ``obj`` on every rank (``obj`` itself without a process group)."""
+    import torch.distributed as dist
+
     if not is_distributed():
         return obj
     box = [obj]
@@ -256,6 +296,8 @@ def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:
     """Copy rank ``src``'s buffers (batch-norm running statistics) to every rank. DDP does this
     at the start of each training forward; call it before an eval-mode pass so that every rank
     scores its shard with the same statistics."""
+    import torch.distributed as dist
+
     if not is_distributed():
         return
     device = _device()
@@ -273,6 +315,10 @@ def launched_distributed() -> bool:
 
 def broadcast_indices(indices: np.ndarray | None, src: int = 0) -> np.ndarray:
     """Send rank ``src``'s selected positions to every rank (others pass ``None``)."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
     rank, world = rank_world()
     if world == 1:
         if indices is None:

@@ -23,9 +23,11 @@ default variant (``train.alignment: normalized``, BENCHMARKS.md).
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eada.config import ExperimentConfig, apply_overrides, parse_config
+if TYPE_CHECKING:
+    from eada.config import ExperimentConfig
+
 
 PRESETS: dict[str, dict[str, Any]] = {
     "toy": {
@@ -363,6 +365,8 @@ def preset_config(
     preset: str, method: str | None = None, seed: int = 0, overrides: list[str] | None = None
 ) -> ExperimentConfig:
     """A validated config: preset + method + ``key=value`` overrides, with ``seed``."""
+    from eada.config import apply_overrides, parse_config
+
     raw = preset_dict(preset, method)
     raw["seed"] = seed
     apply_overrides(raw, overrides or [])

@@ -22,11 +22,12 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from eada.data.images import IMAGE_EXTENSIONS
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FEATURE_SUFFIXES = (".npz", ".npy", ".mat", ".parquet")
 COLUMNS = ["input", "row", "id", "predicted", "score"]
@@ -101,9 +102,9 @@ class Predictor:
     """
 
     def __init__(self, folder: str | Path, engine: Engine = "auto", threads: int = 1) -> None:
-        from eada.models.engines import onnxruntime_available
+        from eada.models.runtime import onnxruntime_available
         from eada.store.config import build_config
-        from eada.store.exports import pixel_reader
+        from eada.store.pixels import pixel_reader
 
         self.folder = Path(folder)
         if self.folder.name == "model.json":
@@ -155,6 +156,8 @@ class Predictor:
 
     def rows(self, x: np.ndarray) -> np.ndarray:
         """Probabilities ``(N, C)`` of raw feature rows ``(N, D)``."""
+        import numpy as np
+
         if self.kind != "features":
             raise PredictInputError("this model takes images, not feature rows")
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -165,6 +168,8 @@ class Predictor:
 
     def images(self, images: Sequence[Any]) -> np.ndarray:
         """Probabilities ``(N, C)`` of PIL images."""
+        import numpy as np
+
         if self.kind != "images" or self.pixels is None:
             raise PredictInputError("this model takes feature rows, not images")
         if self._session is not None:
@@ -189,6 +194,8 @@ def read_model_meta(meta_file: Path) -> dict[str, Any]:
     Raises:
         PredictInputError: naming the file and what is wrong.
     """
+    import numpy as np
+
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -316,6 +323,7 @@ def predict_rows(
 ) -> Iterator[dict[str, Any]]:
     """One dict a prediction (:data:`COLUMNS`), in input order. ``progress(done, total)``:
     after each batch (total: images plus feature files' rows, counted as they are read)."""
+
     if predictor.kind == "other":
         kind = predictor.cfg.data.kind
         raise PredictInputError(
@@ -377,6 +385,8 @@ def predict_rows(
 
 
 def _model_width(predictor: Predictor) -> int:
+    import numpy as np
+
     return int(np.prod(predictor.meta["input_shape"]))
 
 
@@ -534,7 +544,7 @@ def run_predict(
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    import torch
+    from eada.threads import available_cores, env_threads, requested_threads
 
     res = run_predict(
         args.model,
@@ -543,7 +553,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         labels=args.labels,
         engine=args.engine,
         batch_size=args.batch_size,
-        threads=torch.get_num_threads(),  # --threads N, applied by eada.cli.main
+        # --threads N (eada.cli.main), else OMP_NUM_THREADS, else the cores: torch's own
+        # default, without importing torch for ONNX Runtime
+        threads=requested_threads() or env_threads() or available_cores(),
     )
     top = ", ".join(f"{k} {v}" for k, v in list(res["by_class"].items())[:6])
     more = " ..." if len(res["by_class"]) > 6 else ""

@@ -20,8 +20,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from eada.outputs import (  # noqa: F401 (a store's own files: re-exported from their module)
     STORE_DB_NAME,
     STORE_FILE_NAMES,
@@ -55,6 +53,7 @@ def git_commit(path: Path | None = None) -> dict[str, Any]:
 
 def environment_info() -> dict[str, Any]:
     """Versions and machine facts to store beside results."""
+    import numpy as np
     import torch
 
     from eada.threads import thread_record
@@ -84,6 +83,8 @@ def environment_info() -> dict[str, Any]:
 
 def _clean(obj: Any) -> Any:
     """Make numpy scalars/arrays and non-finite floats JSON-safe."""
+    import numpy as np
+
     if isinstance(obj, dict):
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -465,6 +466,8 @@ def _parse_jsonl(
 
 def summarize(values: list[float]) -> dict[str, float | None]:
     """Mean and sample standard deviation (ddof=1; 0 for a single value)."""
+    import numpy as np
+
     if not values:
         return {"mean": None, "std": None}
     arr = np.asarray(values, dtype=float)

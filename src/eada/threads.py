@@ -30,9 +30,10 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a count is applied: `--threads` parses without it
+    import torch
 
 #: Models with fewer parameters than this train on one thread unless told otherwise.
 SMALL_MODEL_PARAMS = 2_000_000
@@ -79,7 +80,10 @@ def check_threads(n: int) -> int:
 def set_threads(n: int | None) -> None:
     """Fix the thread count of this process (``None``: choose per model, see the module doc).
 
-    Applies it to torch at once; :func:`blas_limits` and :func:`configure_for_model` use it.
+    Applies it to torch at once where torch is imported; otherwise it sets
+    ``OMP_NUM_THREADS``, which torch reads when it is imported, so a command that never needs
+    torch (``eada predict`` on ONNX Runtime) does not import it for this. :func:`blas_limits`
+    and :func:`configure_for_model` use it.
     """
     global _requested, _applied, _source
     if n is None:
@@ -87,7 +91,11 @@ def set_threads(n: int | None) -> None:
         return
     _requested = check_threads(n)
     _source = "--threads"
-    torch.set_num_threads(n)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(n)
     _applied = n
 
 
@@ -121,6 +129,8 @@ def configure_for_model(model: torch.nn.Module | None) -> int:
     """Choose the thread count for ``model`` (:func:`threads_for_model`), apply it to torch and
     remember it for :func:`blas_limits` and :func:`thread_record`; returns the count."""
     global _applied, _source
+    import torch
+
     n, source = threads_for_model(model)
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
@@ -135,7 +145,12 @@ def selection_threads() -> int:
         return _requested
     if _applied is not None:
         return _applied
-    return env_threads() or torch.get_num_threads()
+    n = env_threads()
+    if n is not None:
+        return n
+    import torch
+
+    return torch.get_num_threads()
 
 
 @contextlib.contextmanager
@@ -171,6 +186,8 @@ def _controller() -> Any:
 def thread_record() -> dict[str, Any]:
     """What to store in ``meta.json``: the torch count, the selection (BLAS/OpenMP) count, where
     the count came from, and the cores available."""
+    import torch
+
     return {
         "torch": torch.get_num_threads(),
         "selection": selection_threads(),

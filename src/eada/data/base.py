@@ -3,7 +3,7 @@
 A :class:`TensorDomain` holds model-ready inputs and integer labels of one domain (source or
 target). Small data sets (the toy example, digits, feature matrices) live entirely in memory
 as tensors, which keeps the training loop free of per-sample Python overhead on a CPU.
-A :data:`Domain` is one of them or an :class:`~eada.data.images.ImageDomain` (decoded per
+A :data:`Domain` is one of them or an :class:`~eada.data.datasets.ImageDomain` (decoded per
 sample); a :class:`Task` holds the domains of one run (:func:`eada.data.tasks.load_task` builds
 it from a data config).
 """
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from eada.data.images import ImageDomain
+from eada.data.datasets import ImageDomain
 
 
 @dataclass

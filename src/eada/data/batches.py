@@ -1,7 +1,7 @@
 """Read given batches of sample indices from any domain.
 
 A :class:`~eada.data.base.TensorDomain` is sliced directly (the fast in-memory path). Any other
-``Dataset`` (e.g. :class:`~eada.data.images.ImageDomain`) is read through a ``DataLoader`` whose
+``Dataset`` (e.g. :class:`~eada.data.datasets.ImageDomain`) is read through a ``DataLoader`` whose
 batch sampler is exactly the given list of index batches, so the trainer keeps full control of
 the order while decoding and augmentation run in ``domain.workers`` worker processes (pinned
 memory when ``domain.pin_memory``).
@@ -57,7 +57,7 @@ def iterate_inputs(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tor
 
 def iterate_items(domain: Any, batches: Sequence[torch.Tensor]) -> Iterator[tuple[Any, Any]]:
     """:func:`iterate_inputs` with each batch's second field: ``(inputs, labels)`` (or what a
-    ``Dataset`` returns second, e.g. :class:`~eada.data.images.DecodeChecked`'s reasons).
+    ``Dataset`` returns second, e.g. :class:`~eada.data.datasets.DecodeChecked`'s reasons).
 
     An image domain with a decode cache (:mod:`eada.data.decoded`) is read from it, the random
     part of its view applied per batch on ``domain.device`` (no worker process at all). Any

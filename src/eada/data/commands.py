@@ -18,13 +18,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from eada.data.images import check_pair, index_folder, load_image_list
 from eada.runs import format_warning
 
 PER_CLASS_TABLE_MAX = 20  # print a per-class table when a task has at most this many classes
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
+    from eada.data.images import index_folder
+
     images = index_folder(args.folder, args.out, checksums=not args.no_checksums)
     print(
         f"{args.out}: {len(images)} images, {len(images.classes)} classes"
@@ -41,6 +42,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from eada.data.images import check_pair, load_image_list
+
     src = load_image_list(args.source, args.root, allow_outside=args.allow_outside_root)
     tgt = load_image_list(args.target, args.root, allow_outside=args.allow_outside_root)
     report = check_pair(src, tgt, decode=not args.no_decode)

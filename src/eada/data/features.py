@@ -20,16 +20,19 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
-from torch import nn
 
 from eada.config import path_origin
-from eada.data.base import TensorDomain
-from eada.models.engines import EngineName, FeatureEngine, feature_engine
 from eada.runs import tmp_name, write_through
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from eada.data.base import TensorDomain
+    from eada.models.engines import EngineName, FeatureEngine
 
 FEATURE_KEYS = ("features", "fts", "feas", "feats", "x", "X", "data")
 LABEL_KEYS = ("labels", "label", "y", "Y", "gt", "targets")
@@ -312,6 +315,10 @@ def feature_domains(
     Raises:
         ValueError: a domain's labels outside the source's class map, or differing dimensions.
     """
+    import torch
+
+    from eada.data.base import TensorDomain
+
     xs, ys = parts["source"]
     values = np.unique(ys)
     names = list(classes) if classes is not None else [str(v) for v in values]
@@ -384,7 +391,6 @@ class PlainProgress:
         self.last_done, self.last_t = done, now
 
 
-@torch.no_grad()
 def extract_features(
     backbone: nn.Module,
     domain: Any,
@@ -410,10 +416,32 @@ def extract_features(
     in the progress bar and the plain log lines. ``record``: receives the engine's record
     (:meth:`~eada.models.engines.FeatureEngine.record`) and the decoding threads.
     """
+    import torch
+
+    with torch.no_grad():
+        return _extract_features(
+            backbone, domain, batch_size, device, reasons, what, cache_dir, engine, record
+        )
+
+
+def _extract_features(
+    backbone: nn.Module,
+    domain: Any,
+    batch_size: int,
+    device: torch.device | str,
+    reasons: list[str] | None,
+    what: str,
+    cache_dir: Path | None,
+    engine: EngineName,
+    record: dict[str, Any] | None,
+) -> torch.Tensor:
+
+    import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from eada.data.batches import chunks, iterate_items_threaded
+    from eada.models.engines import feature_engine
 
     out = []
     console = Console(stderr=True)
@@ -465,6 +493,8 @@ def cached_features(
     a miss; the ONNX export lives under ``cache_dir/onnx``). Returns the features and
     ``{"cache": "hit"|"miss", "file", "seconds"}`` plus, after a miss, the engine's record
     (``engine``, ``threads``, ``decode_threads``, ...)."""
+    import torch
+
     f = cache_dir / f"{key}.pt"
     t0 = time.perf_counter()
     if f.is_file():
@@ -490,6 +520,8 @@ def cached_features(
 def save_cached_features(cache_dir: Path, key: str, feats: torch.Tensor) -> Path:
     """Write ``feats`` to ``cache_dir/<key>.pt`` (atomically: concurrent runs never read a
     partial file) and return the file."""
+    import torch
+
     cache_dir.mkdir(parents=True, exist_ok=True)
     f = cache_dir / f"{key}.pt"
     tmp = tmp_name(f)

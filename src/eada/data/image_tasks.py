@@ -20,6 +20,7 @@ import torch
 
 from eada.config import FeatureData, ImageListData, ModelConfig
 from eada.data.base import Task, TensorDomain
+from eada.data.datasets import DecodeChecked, ImageDomain
 from eada.data.decoded import (
     base_of,
     cache_complete,
@@ -38,9 +39,7 @@ from eada.data.features import (
     save_cached_features,
 )
 from eada.data.images import (
-    DecodeChecked,
     ImageDataError,
-    ImageDomain,
     ImageList,
     check_domain,
     check_pair,

@@ -9,7 +9,8 @@ import torch
 
 from eada.config import DataConfig, DigitsData, FeatureData, ImageListData, ModelConfig, ToyData
 from eada.data.base import Domain, Task, TensorDomain
-from eada.data.images import ImageDomain, ImageList
+from eada.data.datasets import ImageDomain
+from eada.data.images import ImageList
 
 __all__ = ["Domain", "Task", "TensorDomain", "keep_classes", "load_task"]
 
@@ -62,7 +63,7 @@ def load_task(
     a feature normalisation and a frozen backbone's feature cache see the whole domain).
 
     Image data with ``model.freeze_backbone`` become in-memory feature domains (extracted once
-    on ``device``, cached); without, :class:`~eada.data.images.ImageDomain` datasets."""
+    on ``device``, cached); without, :class:`~eada.data.datasets.ImageDomain` datasets."""
     task = _load_task(cfg, seed, model, device)
     ids = getattr(cfg, "keep_classes", None)
     if ids is None:

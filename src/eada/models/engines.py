@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from eada.models.runtime import onnxruntime_available
 from eada.runs import tmp_name
 
 #: Largest accepted ``max |fast - eager| / max |eager|`` of one sample's features.
@@ -106,16 +107,6 @@ def torch_engine(
             return module(x).float().cpu()
 
     return FeatureEngine("torch", torch.get_num_threads(), run, {"device": str(dev)})
-
-
-def onnxruntime_available() -> bool:
-    """Whether ``onnxruntime`` (and the ``onnx`` package the export needs) import."""
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def export_key(module: nn.Module, input_shape: tuple[int, ...]) -> str:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from eada.hparams import method_label, variant_label
 
 
@@ -91,6 +89,8 @@ COMPLEXITY: dict[str, tuple[str, str]] = {
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
+    import numpy as np
+
     arr = np.asarray(values, dtype=float)
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
 
@@ -157,6 +157,8 @@ def accuracy_table(
     """Paper Tables 1-2: rows = methods (and sweep variants), columns = tasks + mean over tasks;
     cells = mean +- std over seeds of the final (last-epoch) ``metric``, ``n=`` seeds when
     fewer than the most any cell has. The best mean of each column is bold."""
+    import numpy as np
+
     records = in_table_order(records)
     tasks = _ordered(records, "task")
     rows = _ordered(records, "row")
@@ -227,6 +229,8 @@ def query_table(records: list[dict[str, Any]], fmt: str = "md") -> str:
     """Paper Table 4: strategy, query complexity (paper / here), and the measured query time
     per round for each task: ``select`` (the strategy call) and ``total`` (scoring pass +
     strategy), mean over rounds and seeds of the same runs as the accuracy table."""
+    import numpy as np
+
     records = in_table_order(records)
     tasks = _ordered(records, "task")
     strategies = list(

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from eada.data.tasks import Task
 from eada.store.config import StoreOptions, build_config
 from eada.store.data import load_project_data, row_hashes
 from eada.store.db import Store, StoreError, half_made_error, how, q
 from eada.store.targets import sample_info
 from eada.store.unlabeled import hide_guessed_accuracy
-from eada.train import round_plan
+
+if TYPE_CHECKING:
+    import torch
+
+    from eada.data.tasks import Task
 
 
 class ProjectBase:
@@ -121,12 +122,18 @@ class ProjectBase:
     def _audit_mask(self) -> torch.Tensor:
         """Boolean mask over the target of the samples audit rounds drew: kept out of the
         active rounds' pool, and their labels out of training."""
+        import torch
+
         ids = self.store.audit_sample_ids()
         return torch.tensor([sid in ids for sid in self._target_ids()], dtype=torch.bool)
 
     def plan(self) -> list[dict[str, Any]]:
-        """The config's rounds: ``round``, ``epoch``, ``budget``."""
-        return round_plan(self.cfg.active, len(self.task.target))
+        """The config's rounds: ``round``, ``epoch``, ``budget``. The target's size is the
+        registered count (what :attr:`task` checks its domain against), so asking for the plan
+        loads no data (``eada status``, ``eada label import`` answer without it)."""
+        from eada.plan import round_plan
+
+        return round_plan(self.cfg.active, len(self.store.samples("target")))
 
     def pending(self) -> list[sqlite3.Row]:
         """Selected samples of the last active round (not an audit round) that have no label

@@ -15,8 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from eada.runs import tmp_name, write_through
 from eada.store.base import ProjectBase
 from eada.store.db import StoreError, now
@@ -46,6 +44,8 @@ def save_atomic(obj: Any, path: Path) -> None:
     Raises:
         StoreError: the write failed for lack of space (or quota), naming ``path``.
     """
+    import torch
+
     tmp = tmp_name(path)
     try:
         write_through(tmp, lambda fh: torch.save(obj, fh), 0o600)  # a full disk: its OSError
@@ -100,6 +100,8 @@ class ProjectCheckpoints(ProjectBase):
 
     def load_checkpoint(self, row: sqlite3.Row) -> dict[str, Any]:
         """A checkpoint's state, after checking its SHA-256 (``torch.load(weights_only=True)``)."""
+        import torch
+
         path = self.folder / row["path"]
         if not path.is_file():
             raise StoreError(f"checkpoint {path} is missing")

@@ -7,12 +7,9 @@ from __future__ import annotations
 import hashlib
 import warnings
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from eada.config import ExperimentConfig, path_origin
-from eada.data.base import TensorDomain
 from eada.data.images import (
     ImageDataError,
     ImageList,
@@ -20,8 +17,6 @@ from eada.data.images import (
     open_image,
     scan_domain_folder,
 )
-from eada.data.tasks import Task, load_task
-from eada.data.transforms import fixed_size_transform
 from eada.store.config import (  # noqa: F401  (build_config, resolved_config: moved there)
     FolderData,
     build_config,
@@ -32,6 +27,12 @@ from eada.store.roots import (  # noqa: F401  (their home is eada.store.roots)
     confine,
     shown_name,
 )
+
+if TYPE_CHECKING:
+    import torch
+
+    from eada.data.base import TensorDomain
+    from eada.data.tasks import Task
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 """The suffixes a folder project registers (fewer than :data:`~eada.data.images.IMAGE_EXTENSIONS`:
@@ -45,6 +46,8 @@ def content_hash(data: bytes) -> str:
 
 def row_hashes(domain: Any) -> list[str]:
     """SHA-256 of each sample's model-ready input (float32 bytes) -- a feature row's identity."""
+    from eada.data.base import TensorDomain
+
     if not isinstance(domain, TensorDomain):
         raise TypeError(f"row hashes need an in-memory domain, got {type(domain).__name__}")
     x = domain.x.detach().cpu().contiguous()
@@ -94,6 +97,21 @@ def check_folders(data: FolderData, classes: list[str], items: list[tuple[Path, 
         )
 
 
+def check_image(path: Path) -> Any:
+    """``path`` decoded as every image of eada is (:func:`eada.data.images.open_image`): the
+    RGB PIL image. The check ``eada label import`` and ``eada target scan`` make before they
+    accept a file, without the model's transform (and torch).
+
+    Raises:
+        ValueError: naming the file when it is not a readable image (missing, corrupt or
+            truncated).
+    """
+    im, reason = open_image(Path(path))
+    if im is None:
+        raise ValueError(f"corrupt or unreadable image {path}: {reason}")
+    return im
+
+
 def decode_image(path: Path, image_size: int, channels: int) -> torch.Tensor:
     """Decode one image to a model-ready ``(channels, S, S)`` tensor: opened as every image
     of eada is (:func:`eada.data.images.open_image`), then the torchvision view
@@ -104,9 +122,9 @@ def decode_image(path: Path, image_size: int, channels: int) -> torch.Tensor:
         ValueError: naming the file when it is not a readable image (missing, corrupt or
             truncated).
     """
-    im, reason = open_image(Path(path))
-    if im is None:
-        raise ValueError(f"corrupt or unreadable image {path}: {reason}")
+    from eada.data.transforms import fixed_size_transform
+
+    im = check_image(path)
     if channels == 1:
         im = im.convert("L")
     return fixed_size_transform(image_size, channels)(im)
@@ -123,6 +141,10 @@ def _decode_domain(
     name: str, paths: list[Path], labels: list[int], classes: list[str], *size: Any
 ) -> tuple[TensorDomain, list[Path]]:
     """Decoded images (``size``: a :class:`FolderData` or ``image_size, channels``)."""
+    import torch
+
+    from eada.data.base import TensorDomain
+
     image_size, channels = (size[0].image_size, size[0].channels) if len(size) == 1 else size
     decoded, bad = [], []
     for p in paths:  # every unreadable file is named, not only the first
@@ -178,6 +200,8 @@ def _load_project_data(
     target_rows: Any = None,
 ) -> tuple[Task, dict[str, list[Path] | None], Any]:
     from eada.config import FeatureData, ImageListData
+    from eada.data.base import TensorDomain
+    from eada.data.tasks import Task, load_task
     from eada.store.targets import (
         SampleInfo,
         load_store_features,

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from eada.models.factory import build_model
 from eada.store.db import PRIVATE_DIR, PRIVATE_FILE
 from eada.store.labelfiles import csv_safe, write_atomic
+from eada.store.pixels import pixel_reader
 from eada.store.unlabeled import round_rows_extra
 
 PREDICTION_COLUMNS = [
@@ -41,6 +41,7 @@ PREDICTION_COLUMNS = [
 def final_predictions(project: Any, model_state: dict[str, Any]) -> list[dict[str, Any]]:
     """The model of ``model_state`` on every target sample: predicted class and its
     probability (``softmax(-tau E)``), next to the label in force where one was given."""
+    from eada.models.factory import build_model
     from eada.train.evaluate import predict_energies
 
     task = project.task
@@ -162,45 +163,6 @@ class InferencePath:
     pixels: Callable[[Any], np.ndarray] | None = None
 
 
-def pixel_reader(cfg: Any) -> Callable[[Any], np.ndarray] | None:
-    """Image projects: PIL image -> the uint8 ``(H, W, C)`` pixels ``model.onnx`` takes
-    (decoded, converted, resized and cropped as the test view does); ``None`` for other
-    projects.
-
-    >>> from PIL import Image
-    >>> from eada.store.config import FolderData
-    >>> from types import SimpleNamespace
-    >>> cfg = SimpleNamespace(data=FolderData(source="s", target="t", image_size=16))
-    >>> pixel_reader(cfg)(Image.new("RGB", (40, 30))).shape
-    (16, 16, 3)
-    """
-    from torchvision import transforms as T
-
-    from eada.store.config import FolderData
-
-    data = cfg.data
-    if isinstance(data, FolderData):
-        s = data.image_size
-        return _pixel_reader([T.Resize((s, s))], "L" if data.channels == 1 else "RGB")
-    if data.kind != "images":
-        return None
-    t = data.transforms
-    ops = [T.Resize((t.resize, t.resize)), T.Resize((t.test_resize, t.test_resize))]
-    return _pixel_reader([*ops, T.CenterCrop(t.crop)], "RGB")
-
-
-def _pixel_reader(ops: list[Any], mode: str) -> Callable[[Any], np.ndarray]:
-    from torchvision import transforms as T
-
-    resize = T.Compose(ops)
-
-    def read(im: Any) -> np.ndarray:
-        a = np.asarray(resize(im.convert(mode)), dtype=np.uint8)
-        return a[:, :, None] if a.ndim == 2 else a
-
-    return read
-
-
 def inference_path(
     cfg: Any,
     n_classes: int,
@@ -216,6 +178,7 @@ def inference_path(
         ValueError: ``zscore`` features without statistics; ``state`` does not fit the model.
     """
     from eada.models.deploy import FeatureInput, PixelInput
+    from eada.models.factory import build_model
     from eada.store.config import FolderData
 
     data = cfg.data

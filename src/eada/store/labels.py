@@ -9,10 +9,9 @@ import json
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
-import torch
 
 from eada.store import attention
 from eada.store.agreement import (
@@ -25,12 +24,15 @@ from eada.store.agreement import (
     open_disputes,
 )
 from eada.store.checkpoints import ProjectCheckpoints, crash_point, file_sha256
-from eada.store.config import FolderData, check_annotator
-from eada.store.data import confine, content_hash, decode_image, shown_name
+from eada.store.config import check_annotator
+from eada.store.data import check_image, confine, content_hash, shown_name
 from eada.store.db import StoreError, how, now, q
 from eada.store.labelfiles import LabelItem, read_label_file, records_to_items
 from eada.store.unlabeled import external_ids
-from eada.train import SimulatedOracle
+
+if TYPE_CHECKING:
+    import torch
+
 
 MAX_ERRORS_SHOWN = 20
 
@@ -201,6 +203,8 @@ class ProjectLabels(ProjectCheckpoints):
         """The labels training uses: every label in force but those of audit samples (kept
         out so that the audit stays an unbiased sample the model never saw a label of) and of
         samples that need attention (an annotator's answer could not be used)."""
+        import torch
+
         audit = self.store.audit_sample_ids()
         held = attention.open_ids(self.store.conn)  # an unusable answer: kept out until fixed
         rows = [
@@ -273,6 +277,8 @@ class ProjectLabels(ProjectCheckpoints):
         """Label the open round's pending samples with ground truth (a
         :class:`~eada.train.SimulatedOracle`), through the same validation and write as an
         import."""
+        from eada.train import SimulatedOracle
+
         if not self.target_labeled:
             raise StoreError(
                 "the target of this project is unlabeled: a simulated oracle has no labels to "
@@ -681,10 +687,8 @@ class ProjectLabels(ProjectCheckpoints):
             return [f"{where}: image {path} of sample {sample['id']} is missing"]
         if file_sha256(path) != sample["content_hash"]:
             return [f"{where}: image {path} of sample {sample['id']} changed since `eada init`"]
-        data: Any = self.cfg.data
-        size = data.image_size if isinstance(data, FolderData) else 32
         try:
-            decode_image(path, size, 3)
+            check_image(path)
         except ValueError as err:
             return [f"{where}: {err}"]
         return []

@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from eada.config import FeatureData, ImageListData
-from eada.data.features import domain_statistics, normalize_features
 from eada.store.config import FolderData
 from eada.store.data import confine, content_hash
 from eada.store.db import StoreError, how, now, q
@@ -209,11 +208,11 @@ def scan_target(project: Any, progress: Progress = None) -> dict[str, Any]:
         bad, extracted = _extend_feature_cache(project, data, rows, kept, new, gone, progress)
         new = [p for p in new if p not in bad]
     elif new:
-        from eada.store.data import decode_image
+        from eada.store.data import check_image
 
         for p in new:  # what the loader will decode: refuse unreadable files up front
             try:
-                decode_image(p, 8, 3)
+                check_image(p)
             except ValueError as err:
                 bad[p] = str(err)
         new = [p for p in new if p not in bad]
@@ -433,6 +432,8 @@ def _frozen_statistics(
 ) -> dict[str, Any]:
     """The target's frozen statistics: recorded at ``eada init`` (or by the first scan of a
     store made before they were recorded: then those of the registered rows, as at init)."""
+    from eada.data.features import domain_statistics
+
     recorded = project.store.get_json("target_statistics")
     if recorded is not None:
         width = len(recorded.get("mean", ())) or None
@@ -513,6 +514,8 @@ def _pick_info(info: SampleInfo, take: list[int]) -> SampleInfo:
 def _row_hashes(x: np.ndarray, data: FeatureData, stats: dict[str, Any]) -> list[str]:
     """The content hash of each row as the store registers it: its model-ready (normalised,
     float32) values (:func:`eada.store.data.row_hashes`)."""
+    from eada.data.features import normalize_features
+
     xn = np.ascontiguousarray(normalize_features(x, data.normalize, stats).astype(np.float32))
     return [content_hash(xn[i].tobytes()) for i in range(len(xn))]
 

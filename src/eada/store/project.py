@@ -30,12 +30,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from eada.config import ExperimentConfig, FeatureData
-from eada.data.features import domain_statistics
 from eada.runs import check_not_store
 from eada.store import labelstudio
 from eada.store.agreement import (
@@ -53,13 +50,6 @@ from eada.store.checkpoints import file_sha256 as _file_sha256
 from eada.store.config import SETTABLE, StoreOptions, absolute_config, resolved_config
 from eada.store.data import confine, default_roots, load_project_data, row_hashes
 from eada.store.db import Store, StoreError, check_creatable, how
-from eada.store.exports import (
-    check_export_target,
-    model_meta,
-    onnx_export,
-    predictions_csv,
-    write_export,
-)
 from eada.store.labelfiles import ImportFileError, csv_safe
 from eada.store.labels import ImportValidationError, stamps_on_success
 from eada.store.pool import changes_note, scan_target
@@ -74,7 +64,9 @@ from eada.store.unlabeled import (
     pool_predictions,
     resolve_target,
 )
-from eada.train import ActiveDATrainer, GateSchedule
+
+if TYPE_CHECKING:
+    from eada.train import ActiveDATrainer
 
 Progress = Callable[[str], None] | None
 MAX_EPOCHS = 1_000_000  # one `eada train --epochs N` segment (epochs are SQLite integers)
@@ -104,6 +96,8 @@ def init_project(
         >>> p.status()["n_target"]
         1000
     """
+    from eada.train import ActiveDATrainer
+
     folder = Path(folder)
     check_creatable(folder)  # a half-made store (a killed or failed init) is replaced
     cfg = absolute_config(cfg)  # later commands may run from another folder
@@ -160,6 +154,8 @@ def target_statistics(cfg: ExperimentConfig, labeled: bool) -> dict[str, Any] | 
     """The normalisation statistics of an unlabeled feature-row target's rows
     (:func:`eada.data.features.domain_statistics`), which a project store freezes at init;
     ``None`` for any other target."""
+    from eada.data.features import domain_statistics
+
     data: Any = cfg.data
     if labeled or not isinstance(data, FeatureData):
         return None
@@ -277,6 +273,8 @@ class Project(ProjectRounds):
     def _train_segment(
         self, start: int, end: int, state: dict[str, Any] | None, resume: bool, progress: Progress
     ) -> dict[str, Any]:
+        from eada.train import ActiveDATrainer, GateSchedule
+
         seg_cfg = self.cfg.model_copy(
             update={
                 "train": self.cfg.train.model_copy(update={"epochs": end - start}),
@@ -610,6 +608,16 @@ class Project(ProjectRounds):
         import csv
         import hashlib
         import io
+
+        import torch
+
+        from eada.store.exports import (
+            check_export_target,
+            model_meta,
+            onnx_export,
+            predictions_csv,
+            write_export,
+        )
 
         out = Path(out)
         check_not_store(out)  # never the store's own folder or files

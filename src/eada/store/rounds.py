@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from eada.store import attention, labelstudio
 from eada.store.agreement import awaiting_counts, open_disputes
@@ -23,7 +22,11 @@ from eada.store.labelfiles import (
 from eada.store.labels import ProjectLabels, stamps_on_success
 from eada.store.roots import NO_DOCUMENT_ROOT
 from eada.store.unlabeled import predicted_scores, round_rows_extra
-from eada.train import ActiveDATrainer
+
+if TYPE_CHECKING:
+    import torch
+
+    from eada.train import ActiveDATrainer
 
 
 class ProjectRounds(ProjectLabels):
@@ -37,6 +40,10 @@ class ProjectRounds(ProjectLabels):
         record it (scores of the whole pool, selection, a checkpoint holding the advanced
         strategy random state) in one transaction, and export it. When the last round still
         awaits labels, nothing is selected: its batch is exported again."""
+        import torch
+
+        from eada.train import ActiveDATrainer
+
         self.store.check_writable()
         self.export_missing()
         self.check_labeled_files()
@@ -207,6 +214,9 @@ class ProjectRounds(ProjectLabels):
             StoreError: the last active round awaits labels, a training segment was
                 interrupted, or the pool holds fewer than ``n`` samples.
         """
+        import torch
+
+        from eada.train import ActiveDATrainer
         from eada.train.evaluate import predict_energies
 
         self.store.check_writable()
@@ -535,6 +545,8 @@ def near_duplicates(
     feature rows, decoded images), else the model's embeddings. ``threshold`` ``None``: by
     what they are (:data:`NEAR_DUPLICATE_DEFAULTS`): ``features`` for feature rows,
     ``images`` for decoded images and embeddings. Flags only: nothing is removed."""
+    import torch
+
     from eada.data.base import TensorDomain
     from eada.train.evaluate import embed_samples
 

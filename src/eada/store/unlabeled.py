@@ -19,8 +19,6 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from eada.config import ExperimentConfig
 from eada.store.config import FolderData
 from eada.store.db import AUDIT
@@ -75,6 +73,8 @@ def hide_guessed_accuracy(value: Any) -> Any:
 def predicted_scores(trainer: Any, prop: Any) -> dict[int, float]:
     """``{pool position: probability of the predicted class}`` (``softmax(-tau E)``) for the
     selected samples only (one pass over the batch)."""
+    import torch
+
     from eada.train.evaluate import predict_energies
 
     if len(prop.chosen) == 0:

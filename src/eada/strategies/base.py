@@ -11,15 +11,26 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import numpy as np
-import torch
 
-from eada import energy as energy_ops
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a strategy computes with it, not here: the registry (names, options,
+# summaries) is read by the config and by `eada strategies`, which must not pay torch's start-up.
+
+
+def is_tensor(value: Any) -> TypeGuard[torch.Tensor]:
+    """Whether ``value`` is a ``torch.Tensor``, without importing torch (a process that never
+    imported torch holds no tensor)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 class SelectionError(ValueError):
@@ -70,9 +81,7 @@ class PoolOutputs:
     def __post_init__(self) -> None:
         if self.predictions is not None:
             pred = np.asarray(
-                self.predictions.detach().cpu()
-                if isinstance(self.predictions, torch.Tensor)
-                else self.predictions
+                self.predictions.detach().cpu() if is_tensor(self.predictions) else self.predictions
             )
             if pred.ndim != 1 or not np.issubdtype(pred.dtype, np.integer):
                 raise ValueError(
@@ -83,11 +92,7 @@ class PoolOutputs:
             value = getattr(self, name)
             if value is None:
                 continue
-            arr = (
-                value.detach().cpu().numpy()
-                if isinstance(value, torch.Tensor)
-                else np.asarray(value)
-            )
+            arr = value.detach().cpu().numpy() if is_tensor(value) else np.asarray(value)
             if not np.issubdtype(arr.dtype, np.floating):
                 arr = arr.astype(np.float64)
             # min and max carry any NaN or infinity: two reads, no (N, C) boolean temporary
@@ -109,7 +114,7 @@ class PoolOutputs:
             value = getattr(self, name)
             if value is None:
                 continue
-            arr = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
+            arr = np.asarray(value.detach().cpu() if is_tensor(value) else value)
             if arr.ndim != 2:
                 raise ValueError(f"{name} must be (rows, D), got shape {arr.shape}")
             if self.embeddings is not None and arr.shape[1] != self.embeddings.shape[1]:
@@ -163,6 +168,10 @@ class PoolOutputs:
         them, a block of rows at a time (about 1 MiB each), so the cost is about one read of
         the ``(N, C)`` matrix and the temporaries stay block-sized; the values are those of
         :func:`eada.energy.free_energy` / :func:`eada.energy.mvsm` on the whole matrix."""
+        import torch
+
+        from eada import energy as energy_ops
+
         e = torch.from_numpy(np.asarray(self.require_energies(what)))
         n = e.shape[0]
         rows = max(1, (1 << 20) // max(1, e.shape[1] * e.element_size()))
@@ -203,6 +212,8 @@ class PoolOutputs:
 
     def probabilities(self, strategy: str) -> np.ndarray:
         """Class posteriors ``p(y|x) = softmax(-E(x, .))``."""
+        import torch
+
         e = torch.from_numpy(self.require_energies(strategy))
         return torch.softmax(-e, dim=1).numpy()
 

@@ -46,10 +46,12 @@ the energy range instead.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where it computes: the registry stays light
+    import torch
 
 from eada.strategies.base import PoolOutputs, Selection, check_request, register, top_k_stable
 
@@ -70,10 +72,13 @@ def dirichlet_uncertainties(logits: torch.Tensor) -> tuple[torch.Tensor, torch.T
         ``(U_dis, U_data)``, each ``(N,)``.
 
     Example:
+        >>> import torch
         >>> u_dis, u_data = dirichlet_uncertainties(torch.zeros(1, 2, dtype=torch.float64))
         >>> round(float(u_data[0]), 4), round(float(u_dis[0]), 4)  # alpha = (1, 1): uniform
         (0.5, 0.1931)
     """
+    import torch
+
     alpha = torch.exp(logits)
     total = alpha.sum(dim=1, keepdim=True)
     p = alpha / total
@@ -110,6 +115,8 @@ def duc_scores(energies: np.ndarray, precision: str = "float32") -> tuple[np.nda
         >>> round(float(u_data[0]), 4)
         0.5
     """
+    import torch
+
     if precision not in PRECISIONS:
         raise ValueError(
             f"duc: precision must be one of {', '.join(PRECISIONS)}; got {precision!r}"

@@ -48,10 +48,12 @@ adversarial entropy (:mod:`eada.strategies.components`).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where it computes: the registry stays light
+    import torch
 
 from eada.strategies.base import PoolOutputs, Selection, check_request, register
 
@@ -91,6 +93,8 @@ def cosine_neighbours(
         >>> cosine_neighbours(z, 1)[1].tolist()
         [[1], [0], [1]]
     """
+    import torch
+
     z = torch.nn.functional.normalize(torch.from_numpy(np.asarray(embeddings, np.float32)), dim=1)
     n = len(z)
     take = k + 1 if exclude_first else k
@@ -145,6 +149,8 @@ def faiss_neighbours(
         >>> faiss_neighbours(z, 1)[1].tolist()
         [[1], [0], [1]]
     """
+    import torch
+
     try:
         import faiss
     except ImportError as e:
@@ -187,6 +193,8 @@ def _most_similar(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``take`` rows of normalised ``z`` most similar to each of ``queries``, exactly
     (similarities and indices, most similar first)."""
+    import torch
+
     return torch.topk(queries @ z.T, k=take, dim=1)
 
 
@@ -273,6 +281,8 @@ def las_scores(
         >>> las_scores(p, z, k=1, prop_iter=0)[0].tolist()  # the third disagrees with its neighbour
         [-1.0, -1.0, -0.0]
     """
+    import torch
+
     n = len(probs)
     k = min(k, n - 1)
     if k < 1:
@@ -352,6 +362,8 @@ def rank_scores(q: np.ndarray, ranking: str = "authors") -> np.ndarray:
         >>> rank_scores(np.array([0.5, 2.0, 1.0])).tolist()
         [1, 2, 0]
     """
+    import torch
+
     if ranking not in RANKINGS:
         raise ValueError(f"las: ranking must be one of {', '.join(RANKINGS)}; got {ranking!r}")
     q32 = np.ascontiguousarray(q, dtype=np.float32)
@@ -406,6 +418,7 @@ def las_select(
         >>> len(las_select(pool, 5, np.random.default_rng(0), neighbours=5).indices)
         5
     """
+    import torch
     from sklearn.cluster import KMeans  # a core dependency; imported here to keep imports light
 
     n = check_request(pool, budget)
