@@ -17,7 +17,8 @@ load average before and after. Then one ``eada run`` of one pair, 1 process agai
 
 Usage (repository root, ../shared/data beside it):
 
-    python benchmarks/grid_scaling.py [--pairs C-A,A-W,...|all] [--methods source_only,random,eada]
+    python benchmarks/investigations/grid_scaling.py [--pairs C-A,A-W,...|all]
+        [--methods source_only,random,eada]
         [--seeds 0-1] [--epochs 4] [--out benchmarks/results/grid_scaling.json]
 """
 
@@ -185,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         "torchrun": time_torchrun(tasks[0], work / "torchrun"),
         "machine": {k: env[k] for k in ("platform", "cpu_count", "torch", "eada", "git")},
         "time_utc": env["time_utc"],
-        "command": " ".join(["python", "benchmarks/grid_scaling.py", *(argv or sys.argv[1:])]),
+        "command": " ".join(
+            ["python", "benchmarks/investigations/grid_scaling.py", *(argv or sys.argv[1:])]
+        ),
     }
     write_json(Path(args.out), result)
     print(json.dumps({k: result[k] for k in ("modes", "identical_accuracies", "torchrun")},

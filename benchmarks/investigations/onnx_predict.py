@@ -13,8 +13,8 @@ the same round. The largest absolute difference of the probabilities is measured
 image. Both engines run with ``--threads`` intra-op threads (torch.set_num_threads; ONNX
 Runtime's intra_op_num_threads, no spinning).
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/onnx_predict.py --threads 1 --images 1000 \\
-        --rounds 3 --out benchmarks/results/onnx_predict.json
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/investigations/onnx_predict.py --threads 1 \\
+        --images 1000 --rounds 3 --out benchmarks/results/onnx_predict.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WEBCAM = REPO.parent / "shared" / "data" / "office31" / "webcam" / "images"
 
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     result = {
         "benchmark": "onnx_predict",
-        "command": "python benchmarks/onnx_predict.py "
+        "command": "python benchmarks/investigations/onnx_predict.py "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {
