@@ -343,11 +343,13 @@ def parse_pytest(text: str, cut: bool) -> dict[str, Any]:
 
 
 def run_suite(out: Path, budget_s: float) -> dict[str, Any]:
-    """The whole suite with CUDA visible (``pytest -n auto`` where pytest-xdist imports),
-    cut at ``budget_s``; its output in ``out/suite.log``."""
+    """The whole suite with CUDA visible (``pytest -n auto --dist loadfile`` where
+    pytest-xdist imports), cut at ``budget_s``; its output in ``out/suite.log``."""
     xdist = importlib.util.find_spec("xdist") is not None
     cmd = [sys.executable, "-m", "pytest", "--verbosity=1", "-p", "no:cacheprovider", "-rfEs"]
-    cmd += ["--color=no", *(["-n", "auto"] if xdist else [])]
+    # each test file on one worker (--dist loadfile): its module fixtures built once, and its
+    # tests, written for one process, never racing each other over a file
+    cmd += ["--color=no", *(["-n", "auto", "--dist", "loadfile"] if xdist else [])]
     say(f"suite: {' '.join(cmd[2:])} (budget {budget_s:.0f} s)")
     t0 = time.perf_counter()
     log = out / "suite.log"

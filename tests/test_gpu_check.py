@@ -159,7 +159,7 @@ def test_the_suite_is_recorded_with_its_failures_and_skip_reasons(
     monkeypatch.setenv("CI", "true")
     res = gc.run_suite(tmp_path, 100)
     assert seen["cmd"][1:5] == ["-m", "pytest", "--verbosity=1", "-p"]
-    assert "-n" in seen["cmd"] and "auto" in seen["cmd"]
+    assert " -n auto --dist loadfile" in " ".join(seen["cmd"])
     assert "CI" not in seen["env"]  # missing tools and data skip on the GPU machine
     assert res["counts"]["passed"] == 2 and res["counts"]["failed"] == 1
     assert res["counts"]["skipped"] == 1 and res["counts"]["error"] == 1 and not res["cut"]
