@@ -341,6 +341,33 @@ def test_a_team_that_never_stalls_in_label_studio(
     assert deleted["deleted"]
     assert len({v["time"] for v in votes}) > 4  # Label Studio's own times, not the pulls'
 
+    # a resubmission: a second annotation of alice on one task; the first is kept, superseded
+    _annotate(ls, now[sid[5]]["id"], classes[0])
+    assert main(["labelstudio", "pull", *s]) == 0
+    assert "1 corrections" in _flat(capsys.readouterr().out)
+    mine = [v for v in _votes(Project(proj.folder), tmp_path) if v["sample_id"] == str(sid[5])]
+    assert [v["label"] for v in mine] == [classes[1], classes[0]] and mine[0]["superseded_at"]
+
+    # a policy change both ways: bob's label file contradicts alice on one sample (a
+    # dispute); newest-wins settles it at config set, and the next pull (which sends alice's
+    # unchanged answer again) keeps it settled; refuse re-opens it with alice's label back
+    f = tmp_path / "bob.csv"
+    f.write_text(f"sample_id,label,annotator\n{sid[0]},{classes[0]},bob\n")
+    assert main(["label", "import", str(f), *s]) == 0
+    assert "1 disputed" in _flat(capsys.readouterr().out)
+    assert main(["config", "set", *s, "store.conflicts=newest-wins"]) == 0
+    assert f"sample {sid[0]}: '{classes[1]}' ({alice}) -> '{classes[0]}' (bob, newest-wins)" in (
+        _flat(capsys.readouterr().out)
+    )
+    assert main(["labelstudio", "pull", *s]) == 0
+    out = _flat(capsys.readouterr().out)
+    assert "disputed" not in out and "0 corrections" in out
+    assert main(["config", "set", *s, "store.conflicts=refuse"]) == 0  # 1 of 6: no --yes
+    assert f"-> '{classes[1]}' ({alice}, refused: back to before newest-wins)" in _flat(
+        capsys.readouterr().out
+    )
+    assert [d["sample_id"] for d in Project(proj.folder).status()["disputes"]] == [sid[0]]
+
     # 8: Label Studio down: a clear error, nothing changes; 9: two pulls at once
     p = Project(proj.folder)
     conn = labelstudio.connection(p)

@@ -204,3 +204,52 @@ def test_partial_trains_on_what_is_settled_and_fewer_answers_settle_at_once(
     assert "3 sample(s) awaiting answers now have enough" in out
     st = Project(surf).status()
     assert st["n_labeled"] == 4 and st["awaiting"] == [] and st["rounds"][0]["pending"] == 2
+
+
+def test_on_surf_unusable_answers_stop_one_sample_and_policies_apply_when_set(
+    surf: Path, tmp_path: Path, capsys
+) -> None:
+    """On real SURF features: an unknown label and a self-contradiction in one file leave
+    the other rows imported, `train --partial` runs, `status --json` lists 2 samples that need
+    attention; newest-wins set afterwards prints each changed label at `config set` and status
+    shows it before any import; votes.csv keeps a superseded answer."""
+    s = ["--store", str(surf)]
+    truth = _truth(surf)
+    ids = sorted(truth)
+    classes = Project(surf).classes
+    other = {sid: next(c for c in classes if c != truth[sid]) for sid in ids}
+    f = tmp_path / "mixed.csv"
+    with open(f, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["sample_id", "label", "annotator"])
+        w.writerow([ids[0], "not_a_class", "alice"])
+        w.writerow([ids[1], truth[ids[1]], "alice"])
+        w.writerow([ids[1], other[ids[1]], "alice"])
+        w.writerows([(sid, truth[sid], "alice") for sid in ids[2:]])
+    assert main(["label", "import", str(f), *s]) == 0
+    assert "4 new" in _flat(capsys.readouterr().out)
+    assert main(["train", "--partial", *s]) == 0
+    capsys.readouterr()
+    assert main(["status", "--json", *s]) == 0
+    js = json.loads(capsys.readouterr().out)
+    assert sorted(a["sample_id"] for a in js["needs_attention"]) == ids[:2]
+    assert js["n_labeled"] == 4
+    # bob disagrees on two: disputes; newest-wins settles them at config set, printed
+    bob = {sid: (other[sid] if sid in ids[2:4] else truth[sid]) for sid in ids[2:]}
+    assert main(["label", "import", str(_answers(tmp_path / "b.csv", "bob", bob)), *s]) == 0
+    capsys.readouterr()
+    assert main(["config", "set", *s, "store.conflicts=newest-wins"]) == 0
+    out = _flat(capsys.readouterr().out)
+    for sid in ids[2:4]:
+        assert f"sample {sid}: '{truth[sid]}' (alice) -> '{other[sid]}' (bob, newest-wins)" in out
+    labels = {r["sample_id"]: r["class_name"] for r in Project(surf).store.current_labels()}
+    assert all(labels[sid] == other[sid] for sid in ids[2:4])
+    assert Project(surf).status()["disputes"] == []
+    alice = _answers(tmp_path / "a2.csv", "alice", {ids[2]: other[ids[2]]})  # changes hers
+    assert main(["label", "import", str(alice), *s]) == 0
+    assert main(["export", *s, "--out", str(tmp_path / "x")]) == 0
+    capsys.readouterr()
+    with open(tmp_path / "x" / "votes.csv", newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["sample_id"] == str(ids[2])]
+    first = next(r for r in rows if r["annotator"] == "alice" and r["label"] == truth[ids[2]])
+    assert first["superseded_at"] and first["newest"] == "0"

@@ -493,7 +493,9 @@ class ProjectLabels(ProjectCheckpoints):
                     had = votes.get(who)
                     if had is None or (had.class_id, had.skip) != (k, it.skip):
                         new_votes.append((sid, who, it, k))
-                    votes[who] = Vote(who, k, it.skip, stamp, 10**12 + seq, it.where)
+                        votes[who] = Vote(who, k, it.skip, stamp, 10**12 + seq, it.where)
+                    # an answer given again unchanged (every pull sends it) keeps its own
+                    # time: it is not newer than an answer given since
                 if sid not in open_ids:
                     # what stands (no dispute) stays unless an answer of this import differs
                     asked = {(k, it.skip) for it, k in incoming.values()}
