@@ -131,8 +131,10 @@ RESNET_CONFIG = ROOT / "configs" / "office31_amazon_webcam.yaml"
 #: the reference step of the equivalence check: the paper configs' (the authors' fp32 step)
 REFERENCE = {"forward": "separate", "amp": False, "channels_last": False}
 #: relative tolerance of the equivalence check (losses of 3 steps, energies after them): fp32
-#: on a GPU differs in its last bits (TF32 convolutions, reduction order), bf16 in its 8 bits
-TOLERANCE = {"fp32": 1e-2, "bf16": 6e-2}
+#: on a GPU differs in its last bits (TF32 convolutions, reduction order), bf16 in its 8 bits;
+#: a step that got the maths wrong (batch norm over the three batches at once, say) is off by
+#: far more on the shifted target (the measured differences are recorded either way)
+TOLERANCE = {"fp32": 2e-2, "bf16": 1e-1}
 
 _LOG: list[Any] = []  # the open log file, where there is one
 
@@ -579,12 +581,14 @@ class Bench:
         g = torch.Generator().manual_seed(0)
         n = 4 * self.batch
 
-        def dom(nm: str) -> TensorDomain:
-            x = torch.randn(n, 3, self.size, self.size, generator=g).to(device)
+        def dom(nm: str, scale: float, shift: float) -> TensorDomain:
+            x = torch.randn(n, 3, self.size, self.size, generator=g) * scale + shift
             y = torch.randint(0, 31, (n,), generator=g)
-            return TensorDomain(nm, x, y, classes=[f"c{i}" for i in range(31)])
+            return TensorDomain(nm, x.to(device), y, classes=[f"c{i}" for i in range(31)])
 
-        self.task = Task(source=dom("source"), target=dom("target"))
+        # the target shifted: batch norm per stream (separate passes, fused with per-stream
+        # statistics) then differs from batch norm over the three batches at once
+        self.task = Task(source=dom("source", 1.0, 0.0), target=dom("target", 2.0, 1.0))
         self.probe = torch.randn(self.batch, 3, self.size, self.size, generator=g).to(device)
 
     def config(self, setup: dict[str, Any]) -> Any:

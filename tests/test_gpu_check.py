@@ -70,6 +70,25 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path: Path, one_thread: None) -> None:
     assert "phase compile done after" in log and "'candidate': 'fused, fp32'" in log
 
 
+def test_the_equivalence_check_refuses_a_step_with_the_wrong_maths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_thread: None
+) -> None:
+    """A ``fused`` step whose batch norm normalises the three batches at once (not each
+    stream on its own, as the separate passes do) is refused: the target batches are
+    shifted, so the statistics differ. (The right ``fused`` step is accepted in the dry run.)"""
+    import eada.train.forward as forward
+
+    gc = _script()
+    monkeypatch.setattr(gc, "CANDIDATES", [{"forward": "fused"}])
+    monkeypatch.setattr(forward, "segment_batchnorm", lambda model: [])  # the wrong maths
+    args = gc.argparse.Namespace(device="cpu", quick=True, reps=1, partial=None)
+    part = gc.Partial(tmp_path / "eq.json")
+    gc.phase_equivalence(args, part)
+    (row,) = part.data["rows"]
+    assert row["candidate"] == "fused, fp32" and row["verdict"] == "refused"
+    assert row["energy_rel_diff"] > 10 * row["tolerance"]
+
+
 def test_help_offers_prepare_and_the_suite_runs_first(capsys: pytest.CaptureFixture[str]) -> None:
     gc = _script()
     with pytest.raises(SystemExit):
