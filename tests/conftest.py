@@ -62,7 +62,7 @@ def one_thread() -> Iterator[None]:
 def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A real Label Studio server on 127.0.0.1 (a free port), its SQLite database in a temp
     folder, local-files serving on with the document root ``root``; stopped afterwards.
-    Yields ``{"url", "root", "legacy_token", "email"}``. Skipped where its virtualenv is
+    Yields ``{"url", "root", "legacy_token", "email", "password"}``. Skipped where its virtualenv is
     missing, except under ``CI=true``, where that is a failure."""
     import os
     import shutil
@@ -103,6 +103,9 @@ def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         "USE_DEFAULT_BANNED_SUBNETS": "false",
         "USER_ADDITIONAL_BANNED_SUBNETS": LS_BANNED_BUT_LOOPBACK,
         "OMP_NUM_THREADS": "1",
+        # the admin's password from the environment, not the command line (ps shows that),
+        # as docs/label-studio.md says
+        "LABEL_STUDIO_PASSWORD": "eada-test-password",
     }
     log = open(base / "server.log", "wb")  # open while the server runs
     proc = subprocess.Popen(
@@ -118,8 +121,6 @@ def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             str(data),
             "--username",
             email,
-            "--password",
-            "eada-test-password",
             "--user-token",
             token,
             "--enable-legacy-api-token",
@@ -156,6 +157,7 @@ def label_studio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             "root": root,
             "legacy_token": token,
             "email": email,
+            "password": env["LABEL_STUDIO_PASSWORD"],
             "banned_subnets": LS_BANNED_BUT_LOOPBACK,
         }
     finally:
