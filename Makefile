@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_INDEX ?=
-EXTRAS ?= dev,images,features,fast,docs,cluster,stats
+EXTRAS ?= dev,images,features,fast,docs,cluster,stats,dataframe
 
 .PHONY: setup demo test lint docs bench-digits
 

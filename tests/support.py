@@ -3,11 +3,13 @@ live Label Studio server's API (the ``label_studio`` fixture in ``conftest.py`` 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
 import shutil
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,3 +160,63 @@ def surf_task(folder: Path, name: str, lr: float = 0.1, epochs: int = 2) -> str:
         "active:\n  strategy: eada\n  rounds_at: [1]\n  budget_per_round: 0.01\n"
     )
     return str(path)
+
+
+@contextlib.contextmanager
+def kept_registries() -> Iterator[None]:
+    """Every registry of strategies, components, backbones and methods (and the plugins
+    loaded) as it was before the block: a test's plugin names and modules are forgotten
+    after it."""
+    import copy
+    import sys
+
+    from eada import hparams, plugins
+    from eada.models import backbones
+    from eada.strategies import STRATEGIES
+    from eada.strategies.components import COMPONENT_CLASSES
+
+    saved: list[tuple[Any, Any]] = [
+        (STRATEGIES, dict(STRATEGIES)),
+        (COMPONENT_CLASSES, dict(COMPONENT_CLASSES)),
+        (backbones.BACKBONES, dict(backbones.BACKBONES)),
+        (hparams.METHODS, copy.deepcopy(hparams.METHODS)),
+        (hparams.METHOD_LABELS, dict(hparams.METHOD_LABELS)),
+        (plugins.LOADED, dict(plugins.LOADED)),
+        (plugins._ORIGINS, dict(plugins._ORIGINS)),
+        (plugins._GROUPS_DONE, set(plugins._GROUPS_DONE)),
+    ]
+    before = set(plugins.LOADED)
+    try:
+        yield
+    finally:
+        new = {n for n in plugins.LOADED if n not in before}
+        new |= {plugins.LOADED[n].module for n in new}
+        for name in new:
+            sys.modules.pop(name, None)
+        for registry, kept in saved:
+            registry.clear()
+            registry.update(kept)
+
+
+#: a single-file plugin written against eada.extend only: the strategy ``my_margin``
+PLUGIN = """
+import numpy as np
+from eada.extend import PoolOutputs, Selection, check_request, register_strategy
+
+
+@register_strategy("my_margin", needs=("energies",), summary="smallest top-2 margin",
+                   reference="Scheffer et al., 2001")
+def my_margin(pool: PoolOutputs, budget: int, rng: np.random.Generator, *,
+              temperature: float = 1.0) -> Selection:
+    check_request(pool, budget)
+    p = np.sort(pool.probabilities("my_margin") ** (1.0 / temperature), axis=1)
+    score = p[:, -2] - p[:, -1]
+    return Selection(np.argsort(-score, kind="stable")[:budget], {"margin": -score})
+"""
+
+
+def write_plugin(folder: Path, name: str = "plug", text: str = PLUGIN) -> Path:
+    """``text`` (default :data:`PLUGIN`) as ``folder/NAME.py``; its path."""
+    path = folder / f"{name}.py"
+    path.write_text(text)
+    return path

@@ -19,7 +19,7 @@ from eada import bench
 from eada.cli import main
 from eada.executors import DaskExecutor, LoopbackCluster
 from eada.runs import read_jsonl
-from support import surf_task
+from support import kept_registries, surf_task, write_plugin
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +93,42 @@ def test_a_data_file_missing_on_a_worker_fails_that_run_naming_worker_and_path(
     (rec,) = failed
     assert rec["status"] == "failed" and str(missing) in rec["error"]
     assert rec["worker"]["address"] in rec["error"] and rec["worker"]["address"] in cluster.workers
+
+
+def test_a_plugin_missing_on_a_worker_fails_its_runs_until_uploaded(
+    cluster: LoopbackCluster, tasks: tuple[str, str], tmp_path: Path
+) -> None:
+    """A single-file plugin that the workers cannot import (its file is not where it was
+    given): its runs fail naming the module and the worker, the built-in's run is unaffected;
+    shipped with ``Client.upload_file``, the same grid finishes and its records name the
+    plugin with the file's SHA-256."""
+    from distributed import Client
+
+    from eada import plugins
+
+    ok, _ = tasks
+    with kept_registries():
+        plug = write_plugin(tmp_path, "dask_plug")
+        sha = plugins.sha256_of(plug)
+        plugins.load_plugin(plug)
+        runs = bench.build_grid([ok], ["my_margin", "random"], [0])
+        kept = tmp_path / "kept"
+        kept.mkdir()
+        plug.rename(kept / plug.name)  # the file is gone from where it was given
+        failed: list[dict] = []
+        out = tmp_path / "o"
+        done = bench.run_grid(runs, out, executor=DaskExecutor(cluster.address), failed=failed)
+        assert [r["method"] for r in done] == ["random"] and done[0]["plugins"] == []
+        (rec,) = failed
+        assert rec["method"] == "my_margin" and rec["error_type"] == "PluginError"
+        assert "'dask_plug'" in rec["error"] and rec["worker"]["address"] in rec["error"]
+        assert "upload_file('dask_plug.py')" in rec["error"]
+        with Client(cluster.address, set_as_default=False) as client:
+            client.upload_file(str(kept / plug.name))
+        done = bench.run_grid(runs, out, executor=DaskExecutor(cluster.address))
+        (mine,) = [r for r in done if r["method"] == "my_margin"]
+        assert mine["plugins"][0]["module"] == "dask_plug"
+        assert mine["plugins"][0]["sha256"] == sha and mine["plugins"][0]["kind"] == "file"
 
 
 def test_a_worker_killed_mid_grid_leaves_one_record_per_run(

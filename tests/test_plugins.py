@@ -4,7 +4,6 @@ in-process and on ``--jobs`` workers, named in every record that used it."""
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 from collections.abc import Iterator
@@ -15,58 +14,14 @@ import pytest
 from eada import plugins
 from eada.cli import main
 from eada.runs import read_jsonl
-from support import flat, surf_task
-
-PLUGIN = """
-import numpy as np
-from eada.extend import PoolOutputs, Selection, check_request, register_strategy
-
-
-@register_strategy("my_margin", needs=("energies",), summary="smallest top-2 margin",
-                   reference="Scheffer et al., 2001")
-def my_margin(pool: PoolOutputs, budget: int, rng: np.random.Generator, *,
-              temperature: float = 1.0) -> Selection:
-    check_request(pool, budget)
-    p = np.sort(pool.probabilities("my_margin") ** (1.0 / temperature), axis=1)
-    score = p[:, -2] - p[:, -1]
-    return Selection(np.argsort(-score, kind="stable")[:budget], {"margin": -score})
-"""
+from support import PLUGIN, flat, kept_registries, surf_task, write_plugin
 
 
 @pytest.fixture
 def registries() -> Iterator[None]:
     """Every registry as it was before the test (a plugin's names are forgotten after it)."""
-    from eada import hparams
-    from eada.models import backbones
-    from eada.strategies import STRATEGIES
-    from eada.strategies.components import COMPONENT_CLASSES
-
-    saved = [
-        (STRATEGIES, dict(STRATEGIES)),
-        (COMPONENT_CLASSES, dict(COMPONENT_CLASSES)),
-        (backbones.BACKBONES, dict(backbones.BACKBONES)),
-        (hparams.METHODS, copy.deepcopy(hparams.METHODS)),
-        (hparams.METHOD_LABELS, dict(hparams.METHOD_LABELS)),
-        (plugins.LOADED, dict(plugins.LOADED)),
-        (plugins._ORIGINS, dict(plugins._ORIGINS)),
-    ]
-    modules = set(sys.modules)
-    groups = set(plugins._GROUPS_DONE)
-    yield
-    for registry, before in saved:
-        registry.clear()
-        registry.update(before)  # type: ignore[attr-defined]
-    for name in set(sys.modules) - modules:
-        if not name.startswith(("eada", "torch", "numpy", "scipy", "sklearn")):
-            del sys.modules[name]
-    plugins._GROUPS_DONE.clear()
-    plugins._GROUPS_DONE.update(groups)
-
-
-def write_plugin(folder: Path, name: str = "plug", text: str = PLUGIN) -> Path:
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    return path
+    with kept_registries():
+        yield
 
 
 def test_single_file_plugin_through_bench_on_two_jobs(
@@ -242,3 +197,86 @@ def test_record_fields_are_json(tmp_path: Path) -> None:
         "version": "1.0",
     }
     assert info.label == "p 1.0"
+
+
+PACKAGE_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "eada-plugin-demo"
+version = "0.3.1"
+
+[project.entry-points."eada.strategies"]
+ep_margin = "eada_plugin_demo"
+
+[tool.setuptools]
+packages = ["eada_plugin_demo"]
+"""
+
+VENV_SCRIPT = """
+import json, sys
+from eada.cli import main
+from eada.executors import LoopbackCluster
+
+task, out = sys.argv[1], sys.argv[2]
+grid = [task, "--methods", "ep_margin,random", "--seeds", "0"]
+assert main(["strategies"]) == 0
+assert main(["bench", *grid, "--jobs", "2", "--out", out + "/jobs"]) == 0
+with LoopbackCluster(2, folder=out + "/dask-cluster") as cluster:
+    assert main(["bench", *grid, "--dask", cluster.address, "--out", out + "/dask"]) == 0
+    print("WORKERS", json.dumps(sorted(cluster.workers)))
+"""
+
+
+@pytest.mark.slow
+def test_an_installed_plugin_package_is_found_by_its_entry_points(tmp_path: Path) -> None:
+    """A plugin package installed with pip into a fresh virtual environment (entry points
+    only, nothing of eada edited): ``eada strategies`` lists it, ``eada bench --methods``
+    runs it in-process, on ``--jobs 2`` and on a 2-worker Dask cluster, and its records name
+    the package and its version."""
+    import os
+    import site
+    import subprocess
+
+    pkg = tmp_path / "pkg"
+    (pkg / "eada_plugin_demo").mkdir(parents=True)
+    (pkg / "pyproject.toml").write_text(PACKAGE_PYPROJECT)
+    (pkg / "eada_plugin_demo" / "__init__.py").write_text(
+        PLUGIN.replace('"my_margin"', '"ep_margin"')
+    )
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    # the venv sees this environment's packages (torch, pip, ...) after its own
+    (Path(purelib) / "_outer.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", str(pkg)],
+        check=True, env=env, capture_output=True,
+    )  # fmt: skip
+    task = surf_task(tmp_path, "t1")
+    done = subprocess.run(
+        [python, "-c", VENV_SCRIPT, task, str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ep_margin" in done.stdout and "eada-plugin-demo 0.3.1" in flat(done.stdout)
+    workers = json.loads(done.stdout.split("WORKERS", 1)[1])
+    expected = {"module": "eada_plugin_demo", "kind": "entry point"}
+    expected |= {"package": "eada-plugin-demo", "version": "0.3.1"}
+    for where in ("jobs", "dask"):
+        recs = {r["method"]: r for r in read_jsonl(tmp_path / where / "runs.jsonl")}
+        assert set(recs) == {"ep_margin", "random"}
+        assert recs["ep_margin"]["plugins"] == [expected] and recs["random"]["plugins"] == []
+    dask = read_jsonl(tmp_path / "dask" / "runs.jsonl")
+    assert {r["worker"]["address"] for r in dask} <= set(workers)
+    # nothing of the package is visible to this process: it lives in the venv only
+    assert "eada_plugin_demo" not in sys.modules

@@ -10,6 +10,12 @@ its functions is first used::
     proj = eada.open_project("proj")          # an existing project store
     batch = eada.query(proj)                  # the next round's samples
     eada.import_labels(proj, records_or_dataframe)
+
+and so are the experiments (the code of ``eada run`` and ``eada bench``)::
+
+    records = eada.run("toy", method="random", seeds="0-2")     # = eada run toy --method ...
+    records = eada.bench(["toy"], ["random", "eada"], "0-1", out="runs/g", jobs=2)
+    df = eada.results("runs/g")                                 # pandas: one row a run
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ _API = (
     "load_model",
     "open_project",
     "query",
+    "results",
+    "run",
 )
 
 
@@ -39,7 +47,11 @@ def __getattr__(name: str) -> Any:
         from eada import api
 
         return getattr(api, name)
+    if name == "bench":  # the module eada.bench, callable: eada.bench(tasks, methods, ...)
+        import importlib
+
+        return importlib.import_module("eada.bench")
     raise AttributeError(f"module 'eada' has no attribute {name!r}")
 
 
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", "bench", *_API]

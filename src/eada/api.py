@@ -253,8 +253,201 @@ def import_labels(
     return project.import_records(list(records), annotator, allow_unqueried, force)
 
 
+# -- experiments: what `eada run` and `eada bench` do, from Python ------------------------------
+def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
+    """Seeds as ``eada run --seeds`` takes them: ``3`` is seed 3, ``"0-2"`` or ``"0,1,2"`` or
+    ``[0, 1, 2]`` are three.
+
+    >>> seed_list("0-2"), seed_list(4), seed_list([1, 3])
+    ([0, 1, 2], [4], [1, 3])
+    """
+    from eada.runs import parse_seeds
+
+    if isinstance(seeds, bool):
+        raise TypeError(f"seeds must be an int, a '0-2' string or a list of ints, got {seeds!r}")
+    if isinstance(seeds, int):
+        return [seeds]
+    if isinstance(seeds, str):
+        return parse_seeds(seeds)
+    out = [int(s) for s in seeds]
+    if not out:
+        raise ValueError("seeds is empty")
+    return out
+
+
+def run(
+    config_or_preset: str | Path,
+    method: str | None = None,
+    seeds: int | str | Sequence[int] = 0,
+    overrides: Sequence[str] | dict[str, Any] | None = None,
+    out: str | Path | None = None,
+    plugins: Sequence[str | Path] = (),
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """``eada run`` from Python: train a preset or a YAML config over seeds; returns the
+    runs' records (one a seed, as ``OUT/runs.jsonl`` holds them; ``OUT/results.json`` holds
+    the summary). Resumes like the command: seeds already in ``out`` are not run again.
+
+    Args:
+        config_or_preset: a preset name (``eada presets``) or a YAML config file.
+        method: a method (``eada run --method``), a plugin's included.
+        seeds: ``0``, ``"0-2"``, ``[0, 1, 2]``.
+        overrides: ``["train.epochs=3", ...]`` or ``{"train.epochs": 3, ...}`` (``--set``).
+        out: output folder (default ``runs/<name>[_<method>]``, as the command).
+        plugins: plugin files or modules to import first (``--plugin``).
+        progress: receives the progress lines (default: none).
+
+    Example::
+
+        import eada
+        records = eada.run("toy", method="random", seeds="0-1", out="runs/toy_random",
+                           overrides={"train.epochs": 3, "active.rounds_at": [1, 2]})
+        eada.results("runs/toy_random")          # a DataFrame, one row a seed
+    """
+    from eada.experiment import resolve_config, run_seeds
+    from eada.plugins import load_plugins
+    from eada.runs import check_not_store, read_jsonl
+
+    load_plugins(plugins)
+    sets = _override_list(overrides)
+    wanted = seed_list(seeds)
+    configs = {s: resolve_config(config_or_preset, method, s, sets) for s in wanted}
+    first = configs[wanted[0]]
+    default = first.name.replace("/", "_") + (f"_{method}" if method else "")
+    folder = Path(out) if out is not None else Path("runs") / default
+    check_not_store(folder)
+    run_seeds(lambda s: configs[s], wanted, folder, progress=progress)
+    return [r for r in read_jsonl(folder / "runs.jsonl") if r.get("seed") in wanted]
+
+
+def _override_list(overrides: Sequence[str] | dict[str, Any] | None) -> list[str]:
+    """``--set`` items from a list of ``key=value`` strings or a ``{key: value}`` dict (values
+    written as YAML, so lists and numbers keep their type)."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, dict):
+        return [f"{k}={json.dumps(v)}" for k, v in overrides.items()]
+    if isinstance(overrides, str):
+        raise TypeError("overrides: give a list of 'key=value' strings or a dict, not a string")
+    return [str(o) for o in overrides]
+
+
+RESULT_COLUMNS = (
+    "task",
+    "method",
+    "variant",
+    "seed",
+    "strategy",
+    "status",
+    "target/accuracy",
+    "target_unlabeled/accuracy",
+    "heldout/accuracy",
+    "n_labeled",
+    "seconds",
+    "plugins",
+)
+"""The first columns of :func:`results` (then every other final metric, then ``time_utc``,
+``config_sha`` and the worker's address)."""
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is not installed (the message says which extra brings it)."""
+
+
+def results(path: str | Path, unfinished: bool = False) -> Any:
+    """The runs of a ``runs.jsonl`` (of ``eada bench``, ``eada run`` or :func:`run`; a folder
+    holding one, or the file itself, ``.xz`` too) as a pandas DataFrame, one row a run:
+    task, method, sweep variant, seed, strategy, the final accuracies (last epoch, %),
+    labeled count, seconds, the plugins it used (``module package version`` or
+    ``file sha256:...``, ``;``-separated), time, config hash and worker.
+
+    Args:
+        path: a folder with ``runs.jsonl`` or the file.
+        unfinished: also the failed and lost runs' lines (``status`` says which).
+
+    Raises:
+        MissingExtraError: pandas is not installed (``pip install 'eada[dataframe]'``).
+        FileNotFoundError: no ``runs.jsonl`` there.
+
+    Example::
+
+        df = eada.results("runs/bench")
+        df.groupby(["task", "method"])["target/accuracy"].agg(["mean", "std"])
+    """
+    try:
+        import pandas as pd
+    except ImportError as err:
+        raise MissingExtraError(
+            "eada.results needs pandas, which is not installed: pip install 'eada[dataframe]'"
+        ) from err
+    from eada.runs import read_jsonl
+
+    p = Path(path)
+    log = p
+    if p.is_dir():
+        log = p / "runs.jsonl"
+        if not log.exists() and (p / "runs.jsonl.xz").exists():
+            log = p / "runs.jsonl.xz"
+    if not log.exists():
+        raise FileNotFoundError(f"no runs.jsonl at {path}")
+    rows = [_result_row(r) for r in read_jsonl(log, unfinished=unfinished)]
+    columns = list(RESULT_COLUMNS)
+    extra = sorted({k for r in rows for k in r} - set(columns))
+    return pd.DataFrame(rows, columns=[*columns, *extra])
+
+
+def _result_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """One row of :func:`results` from a record of ``eada bench`` or of ``eada run``."""
+    plugins = "; ".join(
+        " ".join(x for x in (p.get("module"), p.get("package"), p.get("version")) if x)
+        if p.get("package")
+        else f"{p.get('module')} sha256:{str(p.get('sha256'))[:12]}"
+        for p in rec.get("plugins") or []
+    )
+    if "key" in rec:  # eada bench
+        final = rec.get("final") or {}
+        row = {
+            "task": rec["task"],
+            "method": rec["method"],
+            "variant": ", ".join(rec.get("variant") or []),
+            "seed": rec["seed"],
+            "strategy": rec.get("strategy"),
+            "status": rec.get("status", "ok"),
+            **final,
+            "n_labeled": rec.get("n_labeled"),
+            "seconds": rec.get("seconds"),
+            "worker": (rec.get("worker") or {}).get("address"),
+        }
+    else:  # eada run: the seed's whole results
+        cfg = rec.get("config", {})
+        res = rec.get("results", {})
+        last = res.get("final", {}).get("last_epoch", {})
+        row = {
+            "task": cfg.get("name"),
+            "method": None,
+            "variant": "",
+            "seed": rec.get("seed"),
+            "strategy": cfg.get("active", {}).get("strategy"),
+            "status": "ok",
+            **{
+                f"{split}/{k}": last[split][k]
+                for split in ("target", "target_unlabeled", "heldout")
+                if split in last
+                for k in ("accuracy", "mean_class_accuracy")
+                if k in last[split]
+            },
+            "n_labeled": len(res.get("labeled_indices", [])),
+            "seconds": res.get("seconds"),
+        }
+    row["plugins"] = plugins
+    row["time_utc"] = rec.get("time_utc") or (rec.get("meta") or {}).get("time_utc")
+    row["config_sha"] = rec.get("config_sha")
+    return row
+
+
 __all__ = [
     "LoadedModel",
+    "MissingExtraError",
     "accuracy_estimate",
     "audit",
     "create_project",
@@ -262,4 +455,6 @@ __all__ = [
     "load_model",
     "open_project",
     "query",
+    "results",
+    "run",
 ]

@@ -908,3 +908,111 @@ def _retries(n: int) -> int:
     if n < 0:
         raise ConfigError(f"--retries must be >= 0, got {n}")
     return n
+
+
+# -- Python API: eada.bench(...) ----------------------------------------------------------------
+def bench(
+    tasks: str | list[str],
+    methods: str | list[str] = "source_only,random,eada",
+    seeds: int | str | list[int] = "0-2",
+    *,
+    out: str | Path,
+    overrides: list[str] | dict[str, Any] | None = None,
+    sweeps: list[str] | None = None,
+    executor: Executor | str | Any = None,
+    jobs: int = 1,
+    threads: int = 1,
+    data_root: str | None = None,
+    plugins: list[str | Path] | tuple[()] = (),
+    max_runs: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """``eada bench`` from Python (also callable as ``eada.bench(...)``): run (or resume) the
+    grid tasks x methods x sweep variants x seeds into ``out/runs.jsonl`` and return its
+    finished records, in grid order. The same functions as the command (:func:`build_grid`,
+    :func:`make_executor`, :func:`run_grid`); tables: :func:`render_tables` of the records,
+    a DataFrame: :func:`eada.api.results`.
+
+    Args:
+        tasks: presets or YAML configs (a list, or comma-separated).
+        methods: methods (a plugin's, or a strategy's name, included).
+        seeds: ``"0-2"``, ``[0, 1]``, ``3``.
+        out: output folder.
+        overrides: ``--set`` items, or a ``{key: value}`` dict.
+        sweeps: ``--sweep`` items (``"active.alpha1=0.25,0.5"``).
+        executor: where the runs execute: an :class:`~eada.executors.Executor`, a Dask
+            scheduler address (``"tcp://HOST:8786"``) or a ``distributed.Client``; default
+            ``jobs`` local worker processes (in-process for 1).
+        jobs: local worker processes when no executor is given.
+        threads: threads a worker.
+        data_root: ``--data-root``.
+        plugins: plugin files or modules to import first (``--plugin``).
+        max_runs: stop after this many new runs.
+        progress: receives one line a finished run.
+
+    Raises:
+        BenchError: runs failed (``.failed`` holds their records, ``.records`` the finished
+            ones); the same call again retries them.
+
+    Example::
+
+        import eada
+        records = eada.bench(["configs/office_caltech10_surf.yaml"], ["random", "eada"],
+                             "0-1", out="runs/g", overrides={"train.epochs": 12},
+                             executor="tcp://127.0.0.1:8786")
+    """
+    from eada.api import _override_list, seed_list
+    from eada.plugins import load_plugins
+
+    load_plugins(plugins)
+    task_list = _split(tasks) if isinstance(tasks, str) else list(tasks)
+    method_list = _split(methods) if isinstance(methods, str) else list(methods)
+    runs = build_grid(
+        task_list, method_list, seed_list(seeds), _override_list(overrides), sweeps, data_root
+    )
+    if isinstance(executor, str):
+        executor = make_executor(1, threads, dask=executor)
+    elif executor is not None and hasattr(executor, "scheduler") and hasattr(executor, "submit"):
+        executor = make_executor(1, threads, dask=executor.scheduler.address)  # a Client
+    elif executor is None:
+        executor = make_executor(jobs, threads)
+    failed: list[dict[str, Any]] = []
+    records = run_grid(
+        runs,
+        Path(out),
+        progress=progress,
+        max_runs=max_runs,
+        jobs=jobs,
+        threads=threads,
+        executor=executor,
+        failed=failed,
+    )
+    if failed:
+        raise BenchError(failure_summary(failed, len(runs)), records, failed)
+    return records
+
+
+class BenchError(RuntimeError):
+    """Runs of a grid failed (the message lists them).
+
+    Attributes:
+        records: the finished records.
+        failed: the failed or lost runs' records.
+    """
+
+    def __init__(
+        self, message: str, records: list[dict[str, Any]], failed: list[dict[str, Any]]
+    ) -> None:
+        super().__init__(message)
+        self.records, self.failed = records, failed
+
+
+class _CallableModule(type(sys)):  # type: ignore[misc]
+    """``eada.bench`` is this module, and calling it calls :func:`bench` (``eada.bench(...)``
+    in a notebook, as ``eada.run(...)``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        return bench(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -68,28 +68,9 @@ def seeds_text(n: int) -> str:
 
 
 def _resolve(args: argparse.Namespace, seed: int) -> ExperimentConfig:
-    from eada.config import ConfigError, load_config
-    from eada.hparams import PRESETS, preset_config
+    from eada.experiment import resolve_config
 
-    if args.config in PRESETS:
-        return preset_config(args.config, args.method, seed, args.set)
-    path = Path(args.config)
-    if not path.exists():
-        raise ConfigError(
-            f"{args.config!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
-            "nor an existing config file"
-        )
-    if args.method:
-        from eada.hparams import get_method
-
-        try:
-            changes = get_method(args.method)  # a plugin's method too
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        overrides = [f"{sec}.{k}={v}" for sec, d in changes.items() for k, v in d.items()]
-    else:
-        overrides = []
-    return load_config(path, [*overrides, *args.set, f"seed={seed}"])
+    return resolve_config(args.config, args.method, seed, args.set)
 
 
 #: The accuracy columns of a run summary: key in ``results.json`` -> column name.

@@ -33,6 +33,39 @@ from eada.train.domain_stats import DomainStatsRecorder
 from eada.train.loop import Callback
 
 
+def resolve_config(
+    config: str | Path,
+    method: str | None = None,
+    seed: int = 0,
+    overrides: list[str] | None = None,
+) -> ExperimentConfig:
+    """The validated config of one ``eada run`` seed: a preset (with ``method``'s changes
+    merged) or a YAML file (with ``method``'s changes as overrides), then ``overrides``.
+
+    Raises:
+        ConfigError: neither a preset nor a file, an unknown method, or an invalid config.
+    """
+    from eada.config import ConfigError, load_config
+    from eada.hparams import PRESETS, get_method, preset_config
+
+    if str(config) in PRESETS:
+        return preset_config(str(config), method, seed, list(overrides or []))
+    path = Path(config)
+    if not path.exists():
+        raise ConfigError(
+            f"{str(config)!r} is neither a preset ({', '.join(sorted(PRESETS))}) "
+            "nor an existing config file"
+        )
+    changes: list[str] = []
+    if method:
+        try:
+            made = get_method(method)  # a plugin's method too
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        changes = [f"{sec}.{k}={v}" for sec, d in made.items() for k, v in d.items()]
+    return load_config(path, [*changes, *(overrides or []), f"seed={seed}"])
+
+
 def run_once(
     cfg: ExperimentConfig,
     task: Task | None = None,
