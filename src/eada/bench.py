@@ -78,6 +78,7 @@ from eada.runs import (
     environment_info,
     parse_seeds,
     read_jsonl,
+    write_bytes_atomic,
     write_json,
 )
 
@@ -804,6 +805,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from eada.config import ConfigError
 
     out = Path(args.out)
+    if args.max_runs is not None and args.max_runs < 0:
+        raise ConfigError(f"--max-runs must be >= 0 (0: run nothing new), got {args.max_runs}")
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -870,8 +873,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _write_tables(records: list[dict[str, Any]], out: Path, fmt: str) -> None:
     tables = {f: render_tables(records, f) for f in ("md", "latex")}
-    (out / "tables.md").write_text(tables["md"] + "\n")
-    (out / "tables.tex").write_text(tables["latex"] + "\n")
+    for name, fmt_ in (("tables.md", "md"), ("tables.tex", "latex")):  # whole or not at all
+        write_bytes_atomic(out / name, (tables[fmt_] + "\n").encode("utf-8"))
     print(tables[fmt])
 
 

@@ -680,13 +680,55 @@ def path_origin(path: str | Path) -> str:
     return _ORIGINS.get(p) or _ORIGINS.get(os.path.normpath(Path(p).absolute()), "")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (YAML keeps the last
+    silently: ``lr: 0.1`` then ``lr: 10`` would train with 10 without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: SafeLoader's own error says so
+                break
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    f"while reading a mapping (its key {key!r} first at line {first.line + 1})",
+                    node.start_mark,
+                    f"the key {key!r} is given twice; keep one",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_unique(text: str) -> Any:
+    r"""``yaml.safe_load`` that refuses duplicate keys (:class:`_UniqueKeyLoader`): configs,
+    ``--set`` values and ``eada config set`` values are read with it.
+
+    >>> safe_load_unique("a: 1\nb: 2")
+    {'a': 1, 'b': 2}
+    >>> try:
+    ...     safe_load_unique("a: 1\na: 2")
+    ... except yaml.YAMLError as e:
+    ...     print(yaml_error_line(e))  # doctest: +ELLIPSIS
+    the key 'a' is given twice; keep one at line 2, column 1 (while reading a mapping ...)
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no Python objects
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
-    """The top-level mapping of a YAML config file, or a :class:`ConfigError` on one line."""
+    """The top-level mapping of a YAML config file, or a :class:`ConfigError` on one line
+    (not UTF-8, not YAML, a key given twice, not a mapping), naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = safe_load_unique(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {err.start}: {err.reason}); save it as UTF-8"
+        ) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {yaml_error_line(err)}") from None
     if not isinstance(raw, dict):
@@ -708,7 +750,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise ConfigError(f"override {item!r}: {part!r} is not a section")
             node = child
         try:
-            node[parts[-1]] = yaml.safe_load(value)
+            node[parts[-1]] = safe_load_unique(value)
         except yaml.YAMLError as err:
             raise ConfigError(
                 f"override {item!r}: the value is not valid YAML: {yaml_error_line(err)}"

@@ -113,12 +113,14 @@ def named(err: OSError, path: Path) -> OSError:
     return OSError(err.errno, err.strerror or str(err), str(path))
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> Path:
+def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None) -> Path:
     """Write ``data`` to ``path`` through :func:`tmp_name` (fsynced, then ``os.replace``):
     ``path`` is the old file or the new one, never a part; a failed write (a full disk) leaves
     no temporary file and raises an ``OSError`` naming ``path``. The temporary files of
     killed writers of ``path`` are removed first (:func:`remove_stale_staging`). A device,
-    FIFO, socket or symbolic link at ``path`` is refused (the rename would replace it)."""
+    FIFO, socket or symbolic link at ``path`` is refused (the rename would replace it).
+    ``mode`` (e.g. ``0o600`` for a report holding annotator names): the file's permissions
+    whatever the umask; ``None``: the umask's default."""
     path = Path(path)
     check_not_store(path, "the output")
     check_not_special(path, "the output")
@@ -141,7 +143,10 @@ def write_bytes_atomic(path: Path, data: bytes) -> Path:
     remove_stale_staging(path)
     tmp = tmp_name(path)
     try:
-        with open(tmp, "wb") as fh:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode)
+        with os.fdopen(fd, "wb") as fh:
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)  # the umask only ever removes bits; mode is exact
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -410,7 +415,8 @@ def is_finished(record: dict[str, Any]) -> bool:
 
 
 def read_jsonl(path: Path, unfinished: bool = False) -> list[dict[str, Any]]:
-    """All records of a JSON-lines log; a torn last line (a killed writer) is ignored.
+    """All records of a JSON-lines log; a torn last line (a killed writer) is skipped with one
+    warning on stderr naming the file and line.
 
     A log may be stored compressed: ``runs.jsonl.xz`` (the committed results under
     ``benchmarks/results/`` are, to keep the repository light) is read first, then any plain
@@ -446,6 +452,10 @@ def read_jsonl(path: Path, unfinished: bool = False) -> list[dict[str, Any]]:
     return out
 
 
+_WARNED_TORN: set[tuple[str, int]] = set()
+"""The torn last lines warned about in this process (one warning a line, however often read)."""
+
+
 def _parse_jsonl(
     path: Path, lines: list[str], torn_ok: bool, unfinished: bool
 ) -> list[dict[str, Any]]:
@@ -456,7 +466,13 @@ def _parse_jsonl(
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
-            if torn_ok and i == len(lines) - 1:
+            if torn_ok and i == len(lines) - 1:  # a killed writer: its run is run again
+                if (str(path), i + 1) not in _WARNED_TORN:
+                    _WARNED_TORN.add((str(path), i + 1))
+                    sys.stderr.write(
+                        f"warning: {path}: line {i + 1} is torn (a writer was killed while "
+                        "writing it); skipped, its run counts as not run\n"
+                    )
                 break
             raise ValueError(f"{path}: line {i + 1} is not valid JSON") from None
         if unfinished or not isinstance(rec, dict) or is_finished(rec):

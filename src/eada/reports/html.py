@@ -651,7 +651,8 @@ def build_report(
 def write_html(out: Path, title: str, parts: list[str]) -> Path:
     """Write one self-contained page (the report CSS inline) of ``parts`` to ``out``
     atomically (:func:`eada.runs.write_bytes_atomic`): a failed write (a full disk) leaves the
-    previous page and no partial file, and its error names ``out``."""
+    previous page and no partial file, and its error names ``out``. The page is private
+    (0600, whatever the umask and the folder): a project's report names its annotators."""
     doc = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -660,4 +661,5 @@ def write_html(out: Path, title: str, parts: list[str]) -> Path:
         + "</body></html>\n"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    return write_bytes_atomic(out, doc.encode("utf-8"))  # whole or not at all; errors name out
+    # whole or not at all; errors name out; 0600 wherever it goes (annotator names, e-mails)
+    return write_bytes_atomic(out, doc.encode("utf-8"), mode=0o600)

@@ -26,6 +26,7 @@ from eada.config import (
     check_rounds,
     read_yaml_mapping,
     resolve_config_paths,
+    safe_load_unique,
     validation_message,
 )
 from eada.strategies import STRATEGIES, check_params
@@ -281,8 +282,8 @@ def is_segmentation_config(path: str | Path) -> bool:
     if p.suffix not in (".yaml", ".yml", ".json") or not p.is_file():
         return False
     try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError:
+        raw = safe_load_unique(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError):  # the config's reader names the problem
         return False
     return isinstance(raw, dict) and raw.get("task") == "segmentation"
 

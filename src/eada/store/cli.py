@@ -104,9 +104,10 @@ def _cmd_init(args: argparse.Namespace) -> int:
     if len(given) != 1:
         raise ConfigError("give exactly one of --preset, --config, or --source-dir/--target-dir")
     if args.preset:
-        cfg = preset_config(args.preset, args.method, args.seed, args.set)
-    elif args.config:
-        cfg, options = load_project_config(args.config, [*args.set, f"seed={args.seed}"])
+        cfg = preset_config(args.preset, args.method, args.seed or 0, args.set)
+    elif args.config:  # the config's own seed: kept unless --seed or --set seed=N is given
+        seed = [] if args.seed is None else [f"seed={args.seed}"]
+        cfg, options = load_project_config(args.config, [*seed, *args.set])
     else:
         if not args.target_dir:
             raise ConfigError("--source-dir needs --target-dir")
@@ -114,7 +115,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
         raw: dict[str, Any] = {
             "name": "folders",
-            "seed": args.seed,
+            "seed": args.seed or 0,
             "data": {
                 "kind": "folders",
                 "source": str(Path(args.source_dir).absolute()),
@@ -729,7 +730,12 @@ def add_store_commands(sub: Any) -> None:
     p.add_argument("--source-dir", default=None, help="source image folder (CLASS/*.jpg)")
     p.add_argument("--target-dir", default=None, help="target image folder (CLASS/*.jpg)")
     p.add_argument("--image-size", type=int, default=32, help="image side for folders")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the seed (default: the config's seed:, else 0; --set seed=N works too)",
+    )
     p.add_argument(
         "--set",
         action="append",

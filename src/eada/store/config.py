@@ -200,8 +200,10 @@ def yaml_value(key: str, text: str) -> Any:
     """
     import yaml
 
+    from eada.config import safe_load_unique
+
     try:
-        return yaml.safe_load(text)
+        return safe_load_unique(text)
     except yaml.YAMLError as err:
         problem = str(getattr(err, "problem", None) or err).splitlines()[0]
         raise ConfigError(
