@@ -318,3 +318,63 @@ def test_the_guard_as_a_function(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match="holds the input"):
         check_output(tmp_path, kind="folder", inputs=[tmp_path / "in" / "a.jpg"])
     check_output("-", stdout=True)
+
+
+def test_configs_names_and_logs_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row a case: a config, a setting or a log that meant something else than it said."""
+    from eada.api import open_project
+    from eada.runs import read_jsonl
+    from eada.store.config import StoreOptions, check_annotator, check_label_studio_root_exists
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dup.yaml").write_text("name: x\nseed: 7\nseed: 8\n")
+    (tmp_path / "latin1.yaml").write_bytes(b"name: caf\xe9\n")
+    cases = [
+        (["run", "dup.yaml"], "the key 'seed' is given twice; keep one at line 3"),
+        (["run", "latin1.yaml"], "latin1.yaml is not UTF-8 text"),
+        (["run", "toy", "--set", "optim={lr: 1, lr: 2}"], "the key 'lr' is given twice"),
+        (["bench", "toy", "--out", "b", "--max-runs", "-1"], "--max-runs must be >= 0"),
+    ]
+    for argv, says in cases:
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: ") and says in err, (argv, err)
+    assert not (tmp_path / "b").exists()
+    for name in ("ali\u202eecila", "al\u200bice", "alice\ufeff"):
+        with pytest.raises(ValueError, match="invisible or direction-changing character"):
+            check_annotator(name)
+    with pytest.raises(ValueError, match="relative path"):
+        StoreOptions.model_validate({"label_studio_root": "images"})
+    with pytest.raises(ValueError, match="does not exist"):
+        check_label_studio_root_exists(StoreOptions(label_studio_root=tmp_path / "gone"))
+    # init keeps the config's seed, and --set seed=N
+    assert main(["config", "show", "toy"]) == 0
+    text = capsys.readouterr().out.replace("\nseed: 0\n", "\nseed: 7\n")
+    (tmp_path / "toy.yaml").write_text(text)
+    assert main(["init", "--store", "s7", "--config", "toy.yaml"]) == 0
+    assert main(["init", "--store", "s9", "--config", "toy.yaml", "--set", "seed=9"]) == 0
+    assert open_project(tmp_path / "s7").cfg.seed == 7
+    assert open_project(tmp_path / "s9").cfg.seed == 9
+    # a torn last line of runs.jsonl: skipped with one warning naming the file and line
+    log = tmp_path / "runs.jsonl"
+    log.write_text('{"seed": 0}\n{"seed": 1, "resu')
+    capsys.readouterr()
+    assert [r["seed"] for r in read_jsonl(log)] == [0]
+    assert [r["seed"] for r in read_jsonl(log)] == [0]
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and f"{log}: line 2 is torn" in err, err
+
+
+def test_reports_are_private_wherever_they_go(
+    surf: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "shared" / "r.html"
+        assert main(["report", str(surf["store"]), "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    assert stat.S_IMODE((surf["store"] / "report.html").stat().st_mode) == 0o600

@@ -4,6 +4,7 @@ its data section made absolute at ``eada init``."""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -36,7 +37,8 @@ characters); names are shown in ``eada status`` and the report, one a line."""
 def check_annotator(name: str, what: str = "--annotator") -> str:
     """An annotator's name as given, or a :class:`ValueError` naming ``what`` when it is not
     text, empty, longer than :data:`MAX_ANNOTATOR_CHARS` characters or holds a control
-    character (a newline would forge a line of ``eada status``).
+    character (a newline would forge a line of ``eada status``) or an invisible or
+    direction-changing one (U+202E, U+200B: ``alice`` on screen, another name in the store).
 
     >>> check_annotator("alice")
     'alice'
@@ -55,6 +57,15 @@ def check_annotator(name: str, what: str = "--annotator") -> str:
         raise ValueError(
             f"{what}: the annotator's name {name!r} holds a control character ({bad[0]!r}); "
             "use one line of printable text"
+        )
+    hidden = [c for c in name if unicodedata.category(c) in ("Cf", "Zl", "Zp", "Co", "Cs")]
+    if hidden:
+        c = hidden[0]
+        raise ValueError(
+            f"{what}: the annotator's name {name.encode('ascii', 'backslashreplace').decode()!r} "
+            f"holds an invisible or direction-changing character (U+{ord(c):04X} "
+            f"{unicodedata.name(c, 'unnamed')}): it would display as another name; use "
+            "visible characters only"
         )
     return name
 
@@ -173,10 +184,32 @@ class StoreOptions(BaseModel):
     @field_validator("label_studio_root")
     @classmethod
     def _safe_root(cls, v: Path | None) -> Path | None:
+        if v is not None and not v.is_absolute():
+            raise ValueError(
+                f"{v} is a relative path; name the folder absolutely (Label Studio resolves "
+                "it from its own working folder, not this one)"
+            )
         why = None if v is None else unsafe_document_root(v)
         if why is not None:
             raise ValueError(f"{why}; Label Studio would serve every file under it")
         return v
+
+
+def check_label_studio_root_exists(options: StoreOptions) -> None:
+    """Refuse a ``store.label_studio_root`` that is not an existing folder (checked where it
+    is set: ``eada init``, ``eada config set``; a store whose folder went away later still
+    opens, and Label Studio's own check names it then).
+
+    Raises:
+        ConfigError: naming the key and the path.
+    """
+    root = options.label_studio_root
+    if root is not None and not root.is_dir():
+        what = "is not a folder" if root.exists() else "does not exist"
+        raise ConfigError(
+            f"store.label_studio_root {root} {what}; name the existing folder Label Studio "
+            "serves the images from (its LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT)"
+        )
 
 
 def text_value(key: str, text: str) -> str:
@@ -287,6 +320,7 @@ def load_project_config(path: str | Path, overrides: list[str]) -> tuple[Any, St
     raw = resolve_config_paths(read_yaml_mapping(path), path)
     apply_overrides(raw, overrides)
     raw, options = split_store_section(raw)
+    check_label_studio_root_exists(options)
     if isinstance(raw.get("data"), dict):
         raw["data"] = absolute_data(raw["data"])
     return build_config(raw, str(path)), options

@@ -47,7 +47,13 @@ from eada.store.agreement import (
 from eada.store.attention import needs_attention
 from eada.store.checkpoints import crash_point, save_atomic
 from eada.store.checkpoints import file_sha256 as _file_sha256
-from eada.store.config import SETTABLE, StoreOptions, absolute_config, resolved_config
+from eada.store.config import (
+    SETTABLE,
+    StoreOptions,
+    absolute_config,
+    check_label_studio_root_exists,
+    resolved_config,
+)
 from eada.store.data import confine, default_roots, load_project_data, row_hashes
 from eada.store.db import Store, StoreError, check_creatable, how
 from eada.store.labelfiles import ImportFileError, csv_safe
@@ -509,9 +515,9 @@ class Project(ProjectRounds):
         with self.store.transaction():  # the config is read under the write lock
             raw = self.store.get_json("config") or {}
             section = {**(raw.get("store") or {}), **updates}
-            if section.get("label_studio_root") is not None:
-                section["label_studio_root"] = str(Path(section["label_studio_root"]).absolute())
-            _, options = split_store_section({"store": section})
+            _, options = split_store_section({"store": section})  # an absolute folder
+            if "label_studio_root" in updates:
+                check_label_studio_root_exists(options)
             if options.label_studio_root is not None:
                 root = label_studio_root([], options.label_studio_root)
                 assert root is not None
