@@ -76,7 +76,7 @@ def test_benchmarks_md_opens_with_the_leaderboard_table() -> None:
     first_table = next(i for i, line in enumerate(lines) if line.startswith("|"))
     assert first_table < 15
     assert lines[first_table - 1] == "<!-- leaderboard:begin -->"
-    assert lines[first_table].startswith("| task | Random |")
+    assert lines[first_table].startswith("| task | EADA (default) |")  # EADA in view first
     # each topic links to its page, and every page under docs/results/ is linked
     linked = set(re.findall(r"\]\(docs/results/([\w-]+\.md)\)", "\n".join(lines)))
     pages = {p.name for p in (REPO / "docs/results").glob("*.md")}
@@ -290,3 +290,51 @@ def test_api_pages_carry_no_provenance(site: Path) -> None:
 def _slugs(page: Path) -> set[str]:
     heads = re.findall(r"^#+ (.+)$", page.read_text(), flags=re.MULTILINE)
     return {re.sub(r"[^\w\s-]", "", h.lower()).strip().replace(" ", "-") for h in heads}
+
+
+def _hooks() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", REPO / "scripts/mkdocs_hooks.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_build_checks_catch_lists_issues_test_paths_and_extras() -> None:
+    """The docs build's page checks (warnings that fail `mkdocs build --strict`): a paragraph
+    holding list-like lines, an issue number outside the contributing page, a test file on a
+    user page, an install page whose extras are not the Makefile's; a good page passes."""
+    hooks = _hooks()
+    bad_list = "<p>Optional extras:\n- images: torchvision\n- fast: ONNX Runtime</p>"
+    assert "list-like" in " ".join(hooks.page_problems("install.md", bad_list))
+    good_list = "<p>Optional extras:</p>\n<ul>\n<li>images</li>\n</ul>"
+    assert hooks.page_problems("concepts.md", good_list) == []
+    assert hooks.page_problems("concepts.md", "<p>a dash - in a sentence</p>") == []
+    assert hooks.page_problems("results/toy.md", "<p>moved by issue 31</p>")
+    assert hooks.page_problems("contributing.md", "<p>moved by issue 31</p>") == []
+    assert hooks.page_problems("running.md", "<p>see <code>tests/test_bench.py</code></p>")
+    assert hooks.page_problems("results/toy.md", "<p><code>tests/test_bench.py</code></p>") == []
+    extras = hooks.makefile_extras()
+    assert extras == re.search(r"^EXTRAS \?= *(\S+)", (REPO / "Makefile").read_text(), re.M)[1]
+    assert hooks.page_problems("install.md", "", "the extras `dev,images`")
+    assert hooks.page_problems("install.md", "", f"the extras `{extras}`") == []
+    assert f"extras `{extras}`" in (REPO / "docs" / "install.md").read_text()
+
+
+def test_built_site_has_no_paragraph_list_and_no_issue_numbers(site: Path) -> None:
+    """On the built site: no paragraph holding list-like "- " lines on any page, no "issue N"
+    but on the contributing page (what the build's checks keep true)."""
+    found = {}
+    for page in sorted(site.rglob("*.html")):
+        rel = page.relative_to(site).as_posix()
+        if rel.startswith(("assets/", "search/")) or rel == "404.html":
+            continue
+        body = page.read_text()
+        for m in re.finditer(r"<p\b[^>]*>(.*?)</p>", body, re.DOTALL):
+            if re.search(r"(?:^|\n)[ \t]*- \S", html.unescape(re.sub(r"<[^>]+>", "", m[1]))):
+                found[rel] = m[1][:80]
+        if not rel.startswith("contributing"):
+            text = html.unescape(re.sub(r"<[^>]+>", "", body))
+            for m in re.finditer(r"\bissues? #?\d+", text, re.IGNORECASE):
+                found[rel] = m[0]
+    assert found == {}
