@@ -26,6 +26,7 @@ from eada.store import Project, StoreError, init_project
 from eada.store import db as store_db
 from eada.store import project as store_project
 from eada.store.labelfiles import csv_safe
+from support import flat as _flat
 from support import truth_rows
 
 TOY = [
@@ -228,8 +229,10 @@ def test_bad_label_files_are_one_clear_error(queried, capsys) -> None:
     _write_csv(tmp / "big.csv", [{**rows[0], "sample_id": "-3"}])
     _refused(["label", "import", str(tmp / "big.csv"), *s], folder, "no sign", capsys)
     ls = tmp / "ls.json"
-    ls.write_text(json.dumps([{"data": {"sample_id": 1}, "annotations": [{"result": [7]}]}]))
-    assert main(["label", "import", str(ls), *s]) == 0  # no choice in it: nothing to import
+    sid = int(rows[0]["sample_id"])
+    ls.write_text(json.dumps([{"data": {"sample_id": sid}, "annotations": [{"result": [7]}]}]))
+    assert main(["label", "import", str(ls), *s]) == 0  # no choice: an empty submission
+    assert f"sample {sid} needs attention: an empty submission" in _flat(capsys.readouterr().out)
     ls.write_text(
         json.dumps([{"data": {}, "annotations": [{"result": [{"type": "choices", "value": []}]}]}])
     )

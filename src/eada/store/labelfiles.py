@@ -256,9 +256,15 @@ def _ls_annotator(ann: dict[str, Any]) -> str | None:
     return None if who is None else f"label-studio:{who}"
 
 
-def _ls_answer(ann: dict[str, Any]) -> tuple[str | None, bool, str | None]:
+def _ls_answer(
+    ann: dict[str, Any], where: str = "a Label Studio task"
+) -> tuple[str | None, bool, str | None]:
     """One Label Studio annotation as ``(label, skipped, problem)``: a choice is a label, a
-    cancelled annotation a skip; no choice (an empty submission) or several are a problem."""
+    cancelled annotation a skip; no choice (an empty submission) or several are a problem.
+
+    Raises:
+        ImportFileError: a ``choices`` result whose value holds no list of choices.
+    """
     if ann.get("was_cancelled"):
         return None, True, None
     chosen: list[Any] = []
@@ -267,7 +273,9 @@ def _ls_answer(ann: dict[str, Any]) -> tuple[str | None, bool, str | None]:
             continue
         value = res.get("value")
         got = value.get("choices") if isinstance(value, dict) else None
-        chosen += got if isinstance(got, list) else [got]
+        if not isinstance(got, list):
+            raise ImportFileError(f"{where}: expected exactly one choice, got {got!r}")
+        chosen += got
     if not chosen:
         return (
             None,
@@ -312,7 +320,7 @@ def read_label_studio(tasks: list[Any]) -> list[LabelItem]:
             if not isinstance(ann, dict):
                 continue
             who = _ls_annotator(ann)
-            got = _ls_answer(ann)
+            got = _ls_answer(ann, where)
             if who is None and who in by_who and by_who[who][-1][1] != got:
                 shown = sorted(str(a or "skip") for a in {by_who[who][-1][1][0], got[0]})
                 raise ImportFileError(
