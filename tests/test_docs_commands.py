@@ -38,6 +38,8 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 #: Commands that neither run nor dry-run here, with the reason (keyed by the command as written).
 NOT_RUN: dict[str, str] = {
+    "eada report --compare runs/mine --out runs/mine-compare": "needs the tutorial's full grid "
+    "of the line before it (hours; that one dry-runs); the same command on its first grid runs",
     "eada report benchmarks/results/digits --figures docs/figures": "about a minute of "
     "figures (tests/test_reports.py covers eada report); writes into docs/",
     "eada report benchmarks/results/digits --out digits.html --figures figs/": "as above",
@@ -82,7 +84,25 @@ NOT_RUN: dict[str, str] = {
 TEMPLATE = re.compile(r"\[|\||\.\.\.|\$|\b[A-Z][A-Z_0-9]{2,}\b|\bM\b")
 TRAINS = ("eada run ", "eada bench ")
 #: training commands cheap enough to run for real
-RUN_FOR_REAL = {"eada run toy --set train.epochs=3 --set active.rounds_at=[1,2]"}
+RUN_FOR_REAL = {
+    "eada run toy --set train.epochs=3 --set active.rounds_at=[1,2]",
+    # the tutorial's first grid (12 SURF runs of 2 epochs, --jobs 2) and its second plugin's
+    "eada bench surf/C-A,surf/A-W --plugin my_method.py --methods density_margin,random,eada "
+    "--seeds 0-1 --jobs 2 --set train.epochs=2 --set active.rounds_at=[1] --out runs/quick",
+    "eada bench surf/C-A,surf/A-W --plugin my_method.py --plugin my_component.py --methods "
+    "density_margin_ent,density_margin --seeds 0-1 --jobs 2 --set train.epochs=2 --set "
+    "active.rounds_at=[1] --out runs/quick",
+}
+#: a fenced Python block with a file name (```python title="my_method.py"```): the page's file,
+#: written into the scratch folder before the page's commands run
+FILE_BLOCK = re.compile(r'```python title="([\w.]+)"\n(.*?)```', re.S)
+
+
+def doc_files(doc: str) -> dict[str, str]:
+    """The files a page shows under a title (its plugins), by name."""
+    return dict(FILE_BLOCK.findall(next(d for d in DOCS if d.name == doc).read_text()))
+
+
 #: the folder the --table-only line reads: what its grid line made (digits records) AND toy
 #: records of another grid, so the line must print the table of the task it names only
 TABLE_ONLY = "eada bench digits/mnist-usps --out runs/bench --table-only --format latex"
@@ -156,6 +176,8 @@ def test_doc_commands_run_as_written(doc: str, workdir: Path) -> None:
     """A document's commands, in its order, in one scratch folder (later lines use what
     earlier ones wrote, as a reader's would)."""
     ran = 0
+    for name, text in doc_files(doc).items():  # the page's files (plugins), as a reader saves them
+        Path(name).write_text(text)
     for _, cmd, words in [c for c in COMMANDS if c[0] == doc]:
         kind = classify(cmd)
         if kind not in ("run", "dry-run"):
@@ -175,6 +197,11 @@ def test_doc_commands_run_as_written(doc: str, workdir: Path) -> None:
         if redirect:
             Path(redirect).write_text(buf.getvalue())
             assert main(["run", redirect, "--dry-run"]) == 0  # the YAML it wrote runs
+        if cmd in RUN_FOR_REAL and "--plugin" in words:  # the tutorial's grids name the plugins
+            recs = read_jsonl(Path(words[words.index("--out") + 1]) / "runs.jsonl")
+            named = [r for r in recs if r["plugins"]]
+            assert named and all(r["method"].startswith("density_margin") for r in named)
+            assert all(r["plugins"] == [] for r in recs if r not in named)
         if cmd == TABLE_ONLY:
             assert "mnist-usps" in buf.getvalue() and "toy" not in buf.getvalue()
         if cmd.startswith("eada predict") and "--labels" in words:  # the own-images tours

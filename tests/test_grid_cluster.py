@@ -131,6 +131,42 @@ def test_a_plugin_missing_on_a_worker_fails_its_runs_until_uploaded(
         assert mine["plugins"][0]["sha256"] == sha and mine["plugins"][0]["kind"] == "file"
 
 
+def test_the_tutorials_first_grid_on_the_cluster(
+    cluster: LoopbackCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/tutorial-your-method.md's first grid as written, with ``--dask ADDRESS`` for
+    ``--jobs 2``: its plugin file reaches the workers (same machine: its path), 12 records,
+    the 4 of the plugin's strategy naming it."""
+    import shlex
+
+    from test_docs_commands import REPO, SHARED, doc_files
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "shared").symlink_to(SHARED)  # the presets read ../shared/data
+    monkeypatch.chdir(work)
+    for name, text in doc_files("tutorial-your-method.md").items():
+        Path(name).write_text(text)
+    page = (REPO / "docs" / "tutorial-your-method.md").read_text()
+    line = next(x for x in page.splitlines() if x.startswith("eada bench surf/C-A,surf/A-W "))
+    words = shlex.split(line)[1:]
+    at = words.index("--jobs")
+    words[at : at + 2] = ["--dask", cluster.address]
+    with kept_registries():
+        assert main(words) == 0
+    recs = read_jsonl(work / "runs" / "quick" / "runs.jsonl")
+    assert len(recs) == 12 and {r["worker"]["address"] for r in recs} <= set(cluster.workers)
+    named = [r for r in recs if r["plugins"]]
+    assert sorted(r["method"] for r in named) == ["density_margin"] * 4
+    assert named[0]["plugins"][0]["sha256"] == plugins_sha(work / "my_method.py")
+
+
+def plugins_sha(path: Path) -> str:
+    from eada.plugins import sha256_of
+
+    return sha256_of(path)
+
+
 def test_a_worker_killed_mid_grid_leaves_one_record_per_run(
     cluster: LoopbackCluster, tasks: tuple[str, str], tmp_path: Path
 ) -> None:

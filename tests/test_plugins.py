@@ -280,3 +280,23 @@ def test_an_installed_plugin_package_is_found_by_its_entry_points(tmp_path: Path
     assert {r["worker"]["address"] for r in dask} <= set(workers)
     # nothing of the package is visible to this process: it lives in the venv only
     assert "eada_plugin_demo" not in sys.modules
+
+
+def test_the_tutorials_plugins_pass_the_templates(tmp_path: Path) -> None:
+    """docs/tutorial-your-method.md's two plugins, as the page shows them, pass the templates
+    of the built-ins; its method trains its component."""
+    from eada.strategies import get_strategy
+    from eada.testing import check_component, check_strategy
+    from test_docs_commands import doc_files
+
+    with kept_registries():
+        for name, text in doc_files("tutorial-your-method.md").items():
+            plugins.load_plugin(write_plugin(tmp_path, name.removesuffix(".py"), text))
+        check_strategy("density_margin")
+        check_strategy(get_strategy("density_margin"), params={"beta": 2.0})
+        check_component("target_entropy")
+        from eada.hparams import get_method
+
+        assert get_method("density_margin_ent")["active"]["params"] == {
+            "aux_components": ["target_entropy"]
+        }

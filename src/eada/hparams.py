@@ -13,6 +13,10 @@ epochs 10, 20 and 30, 2% of the target a round; the paper's alignment loss on ``
 parameters ``benchmarks/toy_calibration.py`` chose so that Source-only and Random land on the
 paper's 52.0 and 8.5 % target error; ``eada demo`` runs it by default.
 
+SURF presets ``surf/S-T``: the 12 Office-Caltech10 SURF pairs on the protocol of
+``configs/office_caltech10_surf.yaml`` (one preset a pair, so one ``eada bench`` grid takes them
+all).
+
 Digits protocol (LeNet from scratch; fixed once for every method): Adam lr 1e-3, batch 64,
 gamma 0.01, alpha1 0.5, 7 epochs with a round of 1% of the target at the end of epochs 1-5, so
 the accuracy after round r is measured after one more epoch of training with its labels and the
@@ -110,6 +114,42 @@ for _name, (_s, _t, _ss, _ts, _hs, _ch, _sz) in _DIGIT_TASKS.items():
         },
         **copy.deepcopy(_DIGITS_COMMON),
     }
+
+# The 12 Office-Caltech10 SURF pairs (800-d bag-of-words features, 10 classes; Gong et al.
+# 2012) as presets: configs/office_caltech10_surf.yaml (its protocol: an MLP of 256 units,
+# Adadelta 0.1, 50 epochs, rounds of 1% at the end of epochs 10-18) with the pair's files, read
+# from ../shared/data/office_caltech10_surf (as the digits' root; --set data.source=... or
+# --data-root elsewhere), e.g. surf/C-A = Caltech10 -> amazon.
+SURF_DOMAINS = {"C": "Caltech10", "A": "amazon", "W": "webcam", "D": "dslr"}
+SURF_ROOT = "../shared/data/office_caltech10_surf"
+for _s, _sname in SURF_DOMAINS.items():
+    for _t, _tname in SURF_DOMAINS.items():
+        if _s != _t:
+            PRESETS[f"surf/{_s}-{_t}"] = {
+                "name": f"surf/{_s}-{_t}",
+                "data": {
+                    "kind": "features",
+                    "source": f"{SURF_ROOT}/{_sname}_SURF_L10.mat",
+                    "target": f"{SURF_ROOT}/{_tname}_SURF_L10.mat",
+                    "features_key": "fts",
+                    "labels_key": "labels",
+                    "normalize": "l1_zscore",
+                },
+                "model": {"name": "mlp", "hidden": [256]},
+                "optim": {"name": "adadelta", "lr": 0.1},
+                "train": {"epochs": 50, "batch_size": 32, "gamma": 0.01},
+                "active": {
+                    "strategy": "eada",
+                    "rounds_at": [10, 12, 14, 16, 18],
+                    "budget_per_round": 0.01,
+                    "alpha1": 0.5,
+                },
+            }
+#: The SURF pairs' presets, in the leaderboard's order.
+SURF_PRESETS: tuple[str, ...] = tuple(
+    f"surf/{p}"
+    for p in ("C-A", "C-W", "C-D", "A-C", "A-W", "A-D", "W-C", "W-A", "W-D", "D-C", "D-A", "D-W")
+)
 
 METHODS: dict[str, dict[str, Any]] = {
     "source_only": {"active": {"strategy": "none"}, "train": {"gamma": 0.0}},
