@@ -300,3 +300,39 @@ def test_the_tutorials_plugins_pass_the_templates(tmp_path: Path) -> None:
         assert get_method("density_margin_ent")["active"]["params"] == {
             "aux_components": ["target_entropy"]
         }
+
+
+def test_an_entry_point_that_fails_names_its_package_and_loads_lazily(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Entry points are read only when a name is not a built-in (or a listing is asked for);
+    one that fails to import is an error naming its package, its entry point and the error."""
+    from types import SimpleNamespace
+
+    from eada.strategies import get_strategy
+
+    calls: list[str] = []
+
+    class BrokenEntryPoint:
+        name, value = "bad_margin", "bad_margin_pkg.plugin"
+        dist = SimpleNamespace(name="bad-margin-pkg", version="2.0")
+
+        def load(self) -> None:
+            raise ImportError("No module named 'torch_extras'")
+
+    def entry_points(group: str) -> list[BrokenEntryPoint]:
+        calls.append(group)
+        return [BrokenEntryPoint()] if group == "eada.strategies" else []
+
+    with kept_registries():
+        plugins._GROUPS_DONE.clear()
+        monkeypatch.setattr(plugins.metadata, "entry_points", entry_points)
+        assert get_strategy("margin").name == "margin" and calls == []  # a built-in: not read
+        code = main(["bench", "toy", "--methods", "bad_margin", "--out", "o", "--dry-run"])
+        err = flat(capsys.readouterr().err)
+        assert code == 2 and calls[0] == "eada.methods"
+        assert (
+            "the plugin package bad-margin-pkg failed to load its entry point bad_margin = "
+            "bad_margin_pkg.plugin (group eada.strategies): ImportError: No module named "
+            "'torch_extras'" in err
+        )
