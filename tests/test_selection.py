@@ -348,3 +348,38 @@ def test_pool_outputs_accepts_tensors_and_ints() -> None:
     assert pool.mvsm is not None and pool.mvsm.dtype == np.float64
     assert len(pool) == 2
     assert pool.get_free_energy()[0] == pytest.approx(-math.log(1 + math.exp(-1)), rel=1e-6)
+
+
+def test_centered_first_step_ignores_the_common_mode_and_is_the_margin_with_two_classes() -> None:
+    rng = np.random.default_rng(3)
+    e = rng.normal(size=(200, 2))
+    shift = rng.normal(scale=5.0, size=(200, 1))  # a per-sample common mode, as an init gives
+    centered = get_strategy("eada_centered").fn
+    base = centered(PoolOutputs(energies=e), 10, alpha1=0.5).indices
+    moved = centered(PoolOutputs(energies=e + shift), 10, alpha1=0.5).indices
+    assert base.tolist() == moved.tolist()  # G = F - mean_y E does not see the shift
+    # ... where the plain first step does (F moves with the common mode)
+    plain = eada_select(PoolOutputs(energies=e + shift), 10, alpha1=0.5).indices
+    assert plain.tolist() != base.tolist()
+    # two classes: G and MvSM both rank by |E0 - E1|, so the picks are the 10 closest to the
+    # boundary (BvSB's margin)
+    margin = np.argsort(np.abs(e[:, 0] - e[:, 1]), kind="stable")[:10]
+    assert sorted(base.tolist()) == sorted(margin.tolist())
+    sel = centered(PoolOutputs(energies=e), 10, alpha1=0.5)
+    assert sel.info["n_stage1"] == 100 and "centered_free_energy" in sel.scores
+    with pytest.raises(ValueError, match="'eada_centered' needs the pool's energies"):
+        centered(PoolOutputs(free_energy=e[:, 0], mvsm=e[:, 1]), 10)
+
+
+def test_the_trainer_gives_the_centred_step_alpha1_and_plans_its_stages() -> None:
+    from eada.data.tasks import load_task
+    from eada.hparams import preset_config
+    from eada.train.loop import ActiveDATrainer
+
+    cfg = preset_config("toy-calibrated", "eada_centered", 0, ["active.alpha1=0.25"])
+    trainer = ActiveDATrainer(cfg, load_task(cfg.data, 0))
+    plan = trainer.make_plan()
+    assert [p["stage1"] for p in plan] == [250, 245, 240]  # ceil(0.25 x the pool)
+    proposal = trainer.propose(budget=plan[0]["budget"])
+    info = proposal.selection.info
+    assert info["alpha1"] == 0.25 and info["n_stage1"] == 250

@@ -28,7 +28,10 @@ NAMES = sorted(STRATEGIES)
 
 # Extra parameters a strategy needs to take the WHOLE pool in one round. EADA's stage 1 keeps
 # only alpha1 (default 0.5) of the pool, so budget == pool is possible only with alpha1 = 1.
-FULL_POOL_PARAMS: dict[str, dict[str, Any]] = {"eada": {"alpha1": 1.0}}
+FULL_POOL_PARAMS: dict[str, dict[str, Any]] = {
+    "eada": {"alpha1": 1.0},
+    "eada_centered": {"alpha1": 1.0},
+}
 
 
 def test_registry_is_populated() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from eada.config import ActiveConfig
 from eada.strategies import (
+    TWO_STEP_STRATEGIES,
     BudgetTooLargeError,
     reference_random_budget,
     resolve_budget,
@@ -66,7 +67,7 @@ def round_plan(a: ActiveConfig, n_target: int) -> list[dict[str, Any]]:
                     f"active.budget_total labels {budget} samples in this round (LADA's rule: "
                     f"the total // {len(a.rounds_at)} rounds); raise it or use fewer rounds"
                 )
-            if a.strategy == "eada":
+            if a.strategy in TWO_STEP_STRATEGIES:
                 n1, n2 = stage_sizes(pool, budget, a.alpha1, a.selection_rule, n_target, share)
             else:
                 if budget > pool:

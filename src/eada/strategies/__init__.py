@@ -24,10 +24,11 @@ from eada.strategies.base import (
     resolve_budget,
     top_k_stable,
 )
-from eada.strategies.eada import eada_select, stage_sizes
+from eada.strategies.eada import TWO_STEP_STRATEGIES, eada_select, stage_sizes
 
 __all__ = [
     "STRATEGIES",
+    "TWO_STEP_STRATEGIES",
     "BudgetTooLargeError",
     "EmptyPoolError",
     "PoolOutputs",

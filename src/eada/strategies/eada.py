@@ -45,6 +45,10 @@ from eada.strategies.base import (
     top_k_stable,
 )
 
+#: The strategies with EADA's two steps: the trainer passes them ``active.alpha1``,
+#: ``active.selection_rule`` and the round's share, and plans their stage sizes.
+TWO_STEP_STRATEGIES: tuple[str, ...] = ("eada", "eada_centered")
+
 
 def _check_alpha1(alpha1: float) -> Fraction:
     if not 0.0 < alpha1 <= 1.0:
@@ -130,22 +134,78 @@ def eada_select(
         budget_share: the per-round share of the target set (``"reference"`` rule).
     """
     n = check_request(pool, budget)
+    return _two_steps(
+        pool, pool.get_free_energy(), "free_energy", n, budget, alpha1, rule, budget_share
+    )
+
+
+def _two_steps(
+    pool: PoolOutputs,
+    f: np.ndarray,
+    stage1: str,
+    n: int,
+    budget: int,
+    alpha1: float,
+    rule: Literal["paper", "reference"],
+    budget_share: float | None,
+) -> Selection:
+    """Step 1 keeps the top ``alpha1`` share by ``f`` (the score named ``stage1``), step 2 the
+    budget with the highest MvSM among them (the module docstring's rules and ties)."""
     n1, n2 = stage_sizes(n, budget, alpha1, rule, pool.n_target, budget_share)
-    f = pool.get_free_energy()
     u = pool.get_mvsm()
     candidates = top_k_stable(f, n1)
     picked = candidates[top_k_stable(u[candidates], n2)]
     return Selection(
         indices=picked,
-        scores={"free_energy": f, "mvsm": u},
+        scores={stage1: f, "mvsm": u},
         info={
             "rule": rule,
             "alpha1": alpha1,
             "n_stage1": n1,
             "n_stage2": n2,
-            "free_energy_threshold": float(f[candidates[-1]]),
+            f"{stage1}_threshold": float(f[candidates[-1]]),
         },
     )
+
+
+@register(
+    "eada_centered",
+    needs=("energies", "free_energy", "mvsm"),
+    summary="EADA with step 1 on the centred free energy F - mean_y E (an option; not the paper's)",
+    reference="Xie et al. AAAI 2022, step 1 on eada.energy.centered_free_energy",
+)
+def eada_centered_select(
+    pool: PoolOutputs,
+    budget: int,
+    rng: np.random.Generator | None = None,
+    *,
+    alpha1: float = 0.5,
+    rule: Literal["paper", "reference"] = "paper",
+    budget_share: float | None = None,
+    **_: Any,
+) -> Selection:
+    r"""EADA with its first step on the centred free energy $G = F - \frac{1}{C} \sum_y E$.
+
+    The NLL gives the common mode of the energies $\frac{1}{C} \sum_y E(x, y)$ no gradient
+    (:func:`eada.energy.centered_free_energy`), so in a linear model its weights stay where
+    the initialisation put them and the plain top-``alpha1`` filter on $F$ keeps a part of the
+    pool chosen by that direction (with two classes: a half-plane). $G$ drops that common mode
+    and keeps what the NLL trains; everything else is :func:`eada_select`'s (same arguments,
+    same sizes and ties).
+
+    Example:
+        >>> import numpy as np
+        >>> E = np.array([[0.0, 0.0], [10.0, 10.0], [0.0, 3.0], [10.0, 13.0]])
+        >>> pool = PoolOutputs(energies=E)
+        >>> eada_select(pool, 1, alpha1=0.5).indices.tolist()  # F: the high common mode
+        [1]
+        >>> eada_centered_select(pool, 1, alpha1=0.5).indices.tolist()  # G: the uncertain rows
+        [0]
+    """
+    n = check_request(pool, budget)
+    e = pool.require_energies("eada_centered")
+    g = pool.get_free_energy() - e.mean(axis=1)  # F at the pool's temperature, centred
+    return _two_steps(pool, g, "centered_free_energy", n, budget, alpha1, rule, budget_share)
 
 
 @register(

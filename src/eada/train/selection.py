@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from eada import distributed as dist_ops
-from eada.strategies import PoolOutputs, Selection, get_strategy
+from eada.strategies import TWO_STEP_STRATEGIES, PoolOutputs, Selection, get_strategy
 from eada.train.base import Proposal, TrainerBase
 from eada.train.evaluate import embed_samples, score_pool
 
@@ -42,7 +42,7 @@ class SelectionMixin(TrainerBase):
         t1 = time.perf_counter()
         params = dict(a.params)
         share = a.budget_per_round if isinstance(a.budget_per_round, float) else None
-        if a.strategy == "eada":
+        if a.strategy in TWO_STEP_STRATEGIES:
             params.update(alpha1=a.alpha1, rule=a.selection_rule, budget_share=share)
         elif "budget_share" in spec.options:  # DUC's stage 1: ceil(N_T * share * kappa)
             params.update(budget_share=share)
