@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import pytest
@@ -164,8 +165,16 @@ def test_cli_demo_writes_results_and_png(
         assert all(0 <= e <= 100 for e in s["errors"])
     assert res["strategies"]["eada"]["paper_error"] == 1.0
     assert res["strategies"]["badge"]["paper_error"] == 4.2
+    # each seed's first round: the target-minus-source free energy and the boundary's angle
+    for s in res["strategies"].values():
+        assert len(s["free_energy_gap"]) == 2 and len(s["boundary_angle"]) == 2
+        assert all(0 <= a <= 180 for a in s["boundary_angle"])
+    assert all(g > 0 for g in res["strategies"]["source_only"]["free_energy_gap"])
     png = (out / "toy_fig5.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    # five panels in one row: the grid fits them (no empty cell)
+    width, height = struct.unpack(">II", png[16:24])
+    assert width > 4 * height
     printed = capsys.readouterr().out
     assert "Source-only" in printed and "52.0" in printed and "EADA" in printed
     assert "preset toy-calibrated" in printed and "BADGE" in printed

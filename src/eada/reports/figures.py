@@ -20,9 +20,11 @@ def plot_toy(panels: list[ToyPanel], path: Path) -> Path:
     Green = labeled source (circle / plus by class), red = unlabeled target, markers = samples
     selected in rounds 1, 2, 3; dashed lines = decision boundary before each round, solid =
     final boundary. The drawing is :func:`eada.reports.figures_runs.plot_toy_rounds`, shared
-    with the HTML report.
+    with the HTML report. The grid fits the panels: one row up to five (the demo's five
+    methods), then rows of at most five, as even as they come (six: 3 + 3).
     """
-    fig = plot_toy_rounds(panels)
+    rows = max(1, -(-len(panels) // 5))
+    fig = plot_toy_rounds(panels, max_cols=max(1, -(-len(panels) // rows)))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     return path
