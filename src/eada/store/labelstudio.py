@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -587,19 +588,32 @@ def push_pending(project: Any) -> list[int]:
     return [push_round(project, n, client) for n in _unpushed(project)]
 
 
+EXPORT_TRIES = 3
+"""How often a pull asks Label Studio for the project's export before it gives up."""
+
+
 def fetch_tasks(project: Any, client: LabelStudioClient | None = None) -> list[dict[str, Any]]:
     """Every task of the connected project with its annotations (Label Studio's JSON export),
     ``completed_by`` resolved to the user's e-mail."""
     conn = connection(project)
     client = client or client_for(project)
     assert conn is not None
-    tasks = client.request(
-        "GET",
-        f"/api/projects/{conn['project']}/export",
-        params={"exportType": "JSON", "download_all_tasks": "true"},
-    )
+    tasks: Any = None
+    for attempt in range(EXPORT_TRIES):  # a busy server (two pulls at once) may answer
+        tasks = client.request(  # something else than the list once: asked again
+            "GET",
+            f"/api/projects/{conn['project']}/export",
+            params={"exportType": "JSON", "download_all_tasks": "true"},
+        )
+        if isinstance(tasks, list):
+            break
+        time.sleep(0.5 * (attempt + 1))
     if not isinstance(tasks, list):
-        raise LabelStudioError(f"{client.url}: the export of project {conn['project']} is no list")
+        shown = scrub(json.dumps(tasks, default=str)[:200])
+        raise LabelStudioError(
+            f"{client.url}: the export of project {conn['project']} is no list after "
+            f"{EXPORT_TRIES} tries (it answered {shown}); retry later"
+        )
     users: dict[int, str] = {}
     listed = client.request("GET", "/api/users/")
     for u in listed if isinstance(listed, list) else []:
