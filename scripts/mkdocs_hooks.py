@@ -83,8 +83,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
                 if re.match(r"[a-z]+:", target) or target.startswith("#"):
                     return m.group(0)
                 new = _rewrite(target, repo_dir, page_dir)
-                if new is None:
-                    return f"{m.group(1)[m.group(1).startswith('!') :]} (`{target}`)"
+                if new is None:  # a file of the repository the site does not carry: its path
+                    text = m.group(1).lstrip("!")[1:-1]
+                    path = posixpath.normpath(posixpath.join(repo_dir, target.partition("#")[0]))
+                    return text if path in text else f"{text} (`{path}`)"
                 return f"{m.group(1)}({new})"
 
             line = LINK.sub(sub, line)

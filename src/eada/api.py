@@ -100,9 +100,10 @@ class LoadedModel:
 
         ``normalized``: as in :meth:`energies`.
 
-        >>> m = LoadedModel(nn.Identity(), ["a", "b"], {"train": {"tau": 2.0}})
-        >>> m.logits(torch.tensor([[1.0, 3.0]])).tolist()
-        [[-2.0, -6.0]]
+        Example:
+            >>> m = LoadedModel(nn.Identity(), ["a", "b"], {"train": {"tau": 2.0}})
+            >>> m.logits(torch.tensor([[1.0, 3.0]])).tolist()
+            [[-2.0, -6.0]]
         """
         return -self.tau * self.energies(x, normalized=normalized)
 
@@ -110,9 +111,10 @@ class LoadedModel:
         """Class probabilities ``softmax(-tau E)`` ``(B, C)``, rows summing to 1 (what
         ``model.onnx`` outputs as ``probabilities``).
 
-        >>> m = LoadedModel(nn.Identity(), ["a", "b"], {"train": {"tau": 1.0}})
-        >>> m.probabilities(torch.tensor([[0.0, 0.0]])).tolist()
-        [[0.5, 0.5]]
+        Example:
+            >>> m = LoadedModel(nn.Identity(), ["a", "b"], {"train": {"tau": 1.0}})
+            >>> m.probabilities(torch.tensor([[0.0, 0.0]])).tolist()
+            [[0.5, 0.5]]
         """
         return torch.softmax(self.logits(x, normalized=normalized), dim=1)
 

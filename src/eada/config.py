@@ -761,11 +761,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 def yaml_error_line(err: yaml.YAMLError) -> str:
     """A YAML syntax error on one line: what is wrong and where (1-based line and column).
 
-    >>> try:
-    ...     yaml.safe_load("a: b: c")
-    ... except yaml.YAMLError as e:
-    ...     print(yaml_error_line(e))
-    mapping values are not allowed here at line 1, column 5
+    Example:
+        >>> try:
+        ...     yaml.safe_load("a: b: c")
+        ... except yaml.YAMLError as e:
+        ...     print(yaml_error_line(e))
+        mapping values are not allowed here at line 1, column 5
     """
     if not isinstance(err, yaml.MarkedYAMLError):
         return " ".join(str(err).split())

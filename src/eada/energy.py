@@ -166,8 +166,9 @@ def balanced_free_energy(energies: torch.Tensor, tau: float = 1.0) -> torch.Tens
 
 
 def alignment_scale(*batches: torch.Tensor, floor: float = 1.0) -> torch.Tensor:
-    """The energy scale ``sigma`` of the ``normalized`` alignment: the root mean square of the
-    batches' recentred energies, ``sqrt(mean_{i,y} (E(x_i,y) - mean_j E(x_j,y) - m_i)^2)``
+    r"""The energy scale ``sigma`` of the ``normalized`` alignment: the root mean square of the
+    batches' recentred energies,
+    $\sqrt{\operatorname{mean}_{i,y} (E(x_i,y) - \operatorname{mean}_j E(x_j,y) - m_i)^2}$
     (each batch taken relative to its own class means, ``m_i`` the sample's remaining mean over
     the classes), over all given batches together, and at least ``floor`` nats.
 
@@ -408,12 +409,12 @@ def free_energy_alignment_loss(
 
 
 FEA_GATES = ("none", "dann", "labels", "confidence", "zero")
-"""The gates of ``L_fea`` (``train.fea_gate``): the weight ``w`` in ``gamma * w * L_fea``.
+r"""The gates of ``L_fea`` (``train.fea_gate``): the weight ``w`` in ``gamma * w * L_fea``.
 
 * ``none``: ``w = 1`` throughout (the paper, every run before the option existed, and the
   default until a paired 20-seed comparison made ``labels`` the default: BENCHMARKS.md,
   "A paired ablation of L_fea");
-* ``dann``: ``w(p) = 2 / (1 + exp(-10 p)) - 1`` with ``p`` the share of the run's training
+* ``dann``: $w(p) = \frac{2}{1 + e^{-10 p}} - 1$ with ``p`` the share of the run's training
   steps done, the schedule of DANN's gradient-reversal weight (Ganin et al., 2016): the
   alignment starts at 0 while the target predictions are the source classifier's alone and
   reaches 0.76 at ``p = 0.2`` and 0.99 at ``p = 0.5``;
@@ -495,19 +496,20 @@ def fea_sample_weights(energies: torch.Tensor, tau: float = 1.0) -> torch.Tensor
 
 
 class DeltaEstimator:
-    """Running estimate ``Delta`` of the mean source free energy.
+    r"""Running estimate ``Delta`` of the mean source free energy.
 
     After each source batch with mean free energy ``d``:
-    ``Delta <- lam * Delta + (1 - lam) * d``; the first batch initialises ``Delta = d``.
+    $\Delta \leftarrow \lambda \Delta + (1 - \lambda)\, d$; the first batch initialises
+    $\Delta = d$.
 
-    * ``mode="uniform"`` (the paper's and reference code's rule): ``lam ~ U(0, 1)`` drawn fresh at
-      every step from a seeded generator, so runs are reproducible.
-    * ``mode="momentum"``: a fixed ``lam = momentum`` (a classic exponential moving average).
+    * ``mode="uniform"`` (the paper's and reference code's rule): $\lambda \sim U(0, 1)$ drawn
+      fresh at every step from a seeded generator, so runs are reproducible.
+    * ``mode="momentum"``: a fixed $\lambda$ = ``momentum`` (a classic exponential moving average).
 
     Args:
         mode: ``"uniform"`` or ``"momentum"``.
-        momentum: the fixed ``lam`` for ``mode="momentum"``, in ``[0, 1)``.
-        seed: seed of the generator drawing ``lam``.
+        momentum: the fixed $\lambda$ for ``mode="momentum"``, in ``[0, 1)``.
+        seed: seed of the generator drawing $\lambda$.
 
     Example:
         >>> import torch
@@ -552,10 +554,12 @@ class DeltaEstimator:
         Python's floats, so the same values), returned as such. The caller checks it is
         finite (a non-finite batch mean makes it non-finite); :attr:`value` reads it back.
 
-        >>> d = DeltaEstimator("momentum", 0.5)
-        >>> _ = d.update_on_device(torch.tensor([2.0])); v = d.update_on_device(torch.tensor([4.0]))
-        >>> float(v), d.value
-        (3.0, 3.0)
+        Example:
+            >>> d = DeltaEstimator("momentum", 0.5)
+            >>> _ = d.update_on_device(torch.tensor([2.0]))
+            >>> v = d.update_on_device(torch.tensor([4.0]))
+            >>> float(v), d.value
+            (3.0, 3.0)
         """
         batch_mean = source_free_energy.detach().mean().double()
         current = self._value
