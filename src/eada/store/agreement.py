@@ -216,12 +216,33 @@ def change_line(ch: dict[str, Any]) -> str:
     return f"sample {ch['sample_id']}{where}: {old} -> {ch['new']!r} ({ch['new_by']}, {ch['how']})"
 
 
+def cohen_kappa(a: list[str], b: list[str]) -> float | None:
+    """Cohen's kappa of two annotators' answers to the same samples: the agreement ``p_o``
+    corrected for the agreement ``p_e`` their answer frequencies give by chance,
+    ``(p_o - p_e) / (1 - p_e)`` (the value of :func:`sklearn.metrics.cohen_kappa_score`,
+    computed here so that ``eada status`` does not import scikit-learn); ``None`` where it is
+    undefined (``p_e = 1``: both always gave the same one answer).
+
+    >>> cohen_kappa(["x", "x", "y", "y"], ["x", "y", "y", "y"])
+    0.5
+    >>> cohen_kappa(["x", "x"], ["x", "x"]) is None
+    True
+    """
+    n = len(a)
+    if n == 0 or n != len(b):
+        return None
+    observed = sum(x == y for x, y in zip(a, b, strict=True)) / n
+    count_a, count_b = Counter(a), Counter(b)
+    expected = sum(count_a[k] * count_b[k] for k in count_a) / (n * n)
+    if expected >= 1.0:
+        return None
+    return (observed - expected) / (1.0 - expected)
+
+
 def pairwise_agreement(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """For every pair of annotators who both answered at least one sample: ``{"annotators":
     [a, b], "n": samples both answered, "agree": how many the same, "percent", "kappa"
     (Cohen's, None where undefined)}``, a skip counting as one answer."""
-    from sklearn.metrics import cohen_kappa_score
-
     by_sample = latest_votes(conn)
     pairs: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for votes in by_sample.values():
@@ -232,14 +253,8 @@ def pairwise_agreement(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     for (a, b), got in sorted(pairs.items()):
         ya, yb = [x for x, _ in got], [y for _, y in got]
         agree = sum(x == y for x, y in got)
-        kappa: float | None = None
-        if len(set(ya) | set(yb)) > 1:
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                k = float(cohen_kappa_score(ya, yb))
-            kappa = None if k != k else round(k, 4)
+        kappa = cohen_kappa(ya, yb)
+        kappa = None if kappa is None else round(kappa, 4)
         out.append(
             {
                 "annotators": [a, b],
