@@ -36,8 +36,12 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
+# the tests on two pytest-xdist workers (a shared set-up, Label Studio or the docs site, stays on
+# one of them: tests/conftest.py), the 20 slowest printed, the site `make docs` just built read
+# instead of built again; `make test PYTEST_ARGS=` runs them in one process
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 test: lint docs
-	$(BIN)/python -m pytest -ra
+	EADA_DOCS_SITE=site $(BIN)/python -m pytest -ra --durations=20 $(PYTEST_ARGS)
 
 bench-digits: $(STAMP)
 	$(BIN)/python benchmarks/digits.py --seeds 0-2

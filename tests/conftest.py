@@ -32,6 +32,23 @@ def digits_root() -> Path:
     return real_data("digits")
 
 
+#: Session-wide set-ups, each shared by the tests of one group: under pytest-xdist
+#: (``-n 2 --dist loadgroup``, the Makefile's) a group runs on one worker, so each is set up
+#: once a run, not once a worker.
+SHARED_SETUPS = {"label_studio": "label-studio", "docs_site": "docs-site"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test that uses a shared set-up (:data:`SHARED_SETUPS`) with its xdist group."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for fixture, group in SHARED_SETUPS.items():
+            if fixture in names:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
 @pytest.fixture(autouse=True)
 def _forget_thread_flag() -> Iterator[None]:
     """A test that runs ``eada ... --threads N`` in this process leaves the flag set in
@@ -181,9 +198,23 @@ def docs_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("the docs extra is not installed (pip install -e '.[docs]')")
-    out = tmp_path_factory.mktemp("site")
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)]
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    built = os.environ.get("EADA_DOCS_SITE")  # `make test`: the site `make docs` built just now
+    if built and (Path(built) / "index.html").is_file():
+        return Path(built).resolve()
+    import fcntl
+
+    # under pytest-xdist each worker has its own temp folder below one of the run's: the first
+    # worker to ask builds the site there, under a lock, and the others read it
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    out = shared / "docs-site"
+    with open(shared / "docs-site.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "index.html").is_file():
+            cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)]
+            env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+            proc = subprocess.run(
+                cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env
+            )
+            assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
