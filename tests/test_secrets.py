@@ -122,3 +122,127 @@ def test_a_url_with_credentials_is_refused_unechoed(
         assert code == 2 and "PASSWORD1234" not in err and "user:" not in err, err
         assert "no user name or password" in err and "--url http://127.0.0.1:" in err
     assert ls.scrub(f"GET http://u:PASSWORD1234@h/x {TOKEN}") == "GET http://[hidden]@h/x [hidden]"
+
+
+def _encodings(token: str) -> list[tuple[str, str]]:
+    """One row a way an error body may carry the token: (name, the text)."""
+    import base64
+    import html
+
+    header = f"Token {token}"
+    return [
+        ("base64 of the token", base64.b64encode(token.encode()).decode()),
+        ("base64 of the header", base64.b64encode(header.encode()).decode()),
+        (
+            "base64 inside a longer text",
+            base64.b64encode(b"Authorization: " + header.encode()).decode(),
+        ),
+        ("URL-safe base64", base64.urlsafe_b64encode(b"xy" + token.encode()).decode()),
+        ("hex", token.encode().hex()),
+        ("upper-case hex", token.encode().hex().upper()),
+        ("upper-case", token.upper()),
+        ("reversed", token[::-1]),
+        ("HTML decimal entities", "".join(f"&#{ord(c)};" for c in token)),
+        ("HTML hex entities", "".join(f"&#x{ord(c):x};" for c in token)),
+        ("HTML-escaped", html.escape(header)),
+        ("letter-spaced", " ".join(token)),
+        ("dash-spaced", "-".join(token)),
+        ("tagged letters", "".join(f"<b>{c}</b>" for c in token)),
+        ("URL-encoded header", urllib.parse.quote(header, safe="")),
+    ]
+
+
+@pytest.mark.parametrize(("name", "text"), _encodings(TOKEN))
+def test_every_encoding_of_the_token_is_hidden(
+    name: str, text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ls.TOKEN_ENV, TOKEN)
+    shown = ls.scrub(f"error: {text} end")
+    assert "[hidden]" in shown, (name, shown)
+    for part in ("f00dcafe", "F00DCAFE", "efacd00f", "0123456789", TOKEN.encode().hex()[8:30]):
+        assert part.lower() not in shown.lower(), (name, shown)
+
+
+def test_a_short_token_in_an_echoed_header_is_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ls.TOKEN_ENV, "abc")
+    assert "abc" not in ls.scrub("got Token%20abc and Token abc and Bearer abc.")
+    assert ls.scrub("expected abcd") == "expected abcd"  # a short one is no part of a word
+
+
+class _Hostile(BaseHTTPRequestHandler):
+    """Bodies too large, too slow, or of the wrong shape, by path."""
+
+    def _answer(self) -> None:
+        if self.path.startswith("/api/token/refresh"):
+            body = json.dumps({"access": "eyJhbGciOiJIUzI1NiJ9.e30.sig-refreshed"}).encode()
+            self._send(200, body)
+        elif "big" in self.path:
+            self._send(200 if "ok" in self.path else 401, b"[" + b"1," * 600_000 + b"1]")
+        elif "slow" in self.path:
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            for _ in range(100):
+                try:
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                except OSError:  # the client gave up at its deadline, as it should
+                    return
+                threading.Event().wait(0.2)
+        elif self.path.startswith("/api/projects/") and self.command == "POST":
+            self._send(200, b"[]")  # a list where a project belongs
+        elif self.path.startswith("/api/users/"):
+            self._send(200, b"[]")
+        elif "export" in self.path:
+            self._send(200, json.dumps([{"id": 1, "annotations": "abc"}]).encode())
+        else:
+            self._send(401, b'{"detail": "no"}')  # a second 401 on the refreshed token
+
+    def _send(self, code: int, body: bytes) -> None:
+        try:
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:  # the client stopped reading, as it should
+            pass
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_hostile_answers_are_bounded_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row a hostile answer: the client's error (never a traceback, never unbounded)."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    legacy = ls.LabelStudioClient(url, "0123456789abcdef", max_bytes=100_000, deadline=2.0)
+    jwt = "eyJhbGciOiJIUzI1NiJ9.e30.sig"  # a refresh token: exchanged for an access token
+    try:
+        cases = [
+            (legacy, "GET", "/big/ok", "larger than 100,000 bytes"),
+            (legacy, "GET", "/big/401", "HTTP 401"),  # its body cut, not read whole
+            (legacy, "GET", "/slow/", "within 2 s"),
+            (ls.LabelStudioClient(url, jwt), "GET", "/api/projects/1/", "freshly refreshed"),
+        ]
+        for client, method, path, says in cases:
+            with pytest.raises(ls.LabelStudioError, match=says):
+                client.request(method, path)
+        proj = init_project(tmp_path / "p", preset_config("toy", "eada", 0, SMALL))
+        monkeypatch.setenv(ls.TOKEN_ENV, "0123456789abcdef")
+        with pytest.raises(ls.LabelStudioError, match="the answer is not a project"):
+            ls.connect(proj, url)
+        ls_meta = {"url": url, "project": 1, "storages": [], "pushed": []}
+        proj.store.set_meta("labelstudio", json.dumps(ls_meta))
+        with pytest.raises(ls.LabelStudioError, match="annotations are not a list"):
+            ls.fetch_tasks(proj, legacy)
+        proj.close()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)

@@ -46,6 +46,10 @@ from eada.store.labelfiles import (
 from eada.store.roots import NO_DOCUMENT_ROOT, label_studio_root, unsafe_document_root
 
 TOKEN_ENV = "LABEL_STUDIO_API_KEY"
+MAX_RESPONSE_BYTES = 512 * 2**20
+"""The largest answer the client reads (a project's whole JSON export included)."""
+MAX_ERROR_BYTES = 64 * 2**10
+"""The most of an error's body read (400 characters of it are shown, scrubbed)."""
 META_KEY = "labelstudio"
 
 
@@ -77,12 +81,53 @@ def scrub(text: str) -> str:
     for s in found:
         if s:
             forms |= {s, urllib.parse.quote(s, safe=""), json.dumps(s)[1:-1], repr(s)[1:-1]}
+            forms |= _encoded_forms(s)
     for form in sorted(forms, key=len, reverse=True):  # the longest first: no part left over
         if len(form) >= 8:
-            text = text.replace(form, HIDDEN)
+            text = re.sub(re.escape(form), HIDDEN, text, flags=re.IGNORECASE)
         else:  # a short one only as a whole word: "x" must not mangle "expected"
             text = re.sub(rf"(?<!\w){re.escape(form)}(?!\w)", HIDDEN, text)
+    for s in sorted(found, key=len, reverse=True):  # spelled out: HTML entities, spaced letters
+        if len(s) >= 8:
+            for each in (s, s[::-1]):
+                text = re.sub(_spelled(each), HIDDEN, text, flags=re.IGNORECASE)
+    text = _AUTH_VALUE.sub(lambda m: m.group(1) + HIDDEN, text)  # any token's place, any length
     return _USERINFO.sub(lambda m: m.group(1) + HIDDEN + "@", text)
+
+
+_AUTH_VALUE = re.compile(
+    r"\b((?:Token|Bearer)(?:\s|%20|\+|&#0*32;|&#x0*20;|\\u0020)+)[^\s\"'<>&,;]+"
+)
+"""An ``Authorization`` value as a server may echo it (``Token abc``, ``Token%20abc``,
+``Bearer ...``, the header's own capitals): hidden whatever the token's length."""
+
+
+def _encoded_forms(secret: str) -> set[str]:
+    """What an error body may carry ``secret`` as: base64 (standard and URL-safe, at each of
+    the three alignments inside a longer encoded text, and of the ``Authorization`` values),
+    hexadecimal, reversed (matched without regard to case by :func:`scrub`)."""
+    raw = secret.encode("utf-8", "surrogateescape")
+    out = {secret[::-1], raw.hex()}
+    for value in (raw, b"Token " + raw, b"Bearer " + raw):
+        for k in range(3):  # the secret starting at each byte offset of a 3-byte group
+            enc = base64.b64encode(b"\0" * k + value).decode()
+            body = enc[(4 * k + 2) // 3 + (1 if k else 0) : -3]  # the chars only it decides
+            for form in (body, body.replace("+", "-").replace("/", "_")):
+                if len(form) >= 8:
+                    out.add(form)
+    return out
+
+
+def _spelled(secret: str) -> str:
+    """A pattern of ``secret`` written out a character at a time: each one as itself, an HTML
+    numeric entity (``&#97;``, ``&#x61;``) or a %-escape, with any separators between them
+    (``a b c``, ``a-b-c``, ``a</b>b``)."""
+    sep = r"(?:\s|[-_.,:;|/\\*]|<[^>]{0,20}>|&nbsp;)*"
+    parts = []
+    for c in secret:
+        n = ord(c)
+        parts.append(rf"(?:{re.escape(c)}|&#0*{n};|&#x0*{n:x};|%{n:02x})")
+    return sep.join(parts)
 
 
 def check_token(token: str) -> str:
@@ -135,13 +180,24 @@ class LabelStudioClient:
         url: the server, e.g. ``http://127.0.0.1:8080``.
         token: a personal access token (JWT refresh token) or a legacy API token; default
             ``$LABEL_STUDIO_API_KEY``.
-        timeout: seconds to wait for one request.
+        timeout: seconds to wait for one read of the socket.
+        deadline: seconds one request may take in all (a server trickling its answer a byte
+            at a time is cut off then).
+        max_bytes: the largest answer read (:data:`MAX_RESPONSE_BYTES`); an error's body is
+            read only up to :data:`MAX_ERROR_BYTES`.
 
     Raises:
         LabelStudioError: no token given and ``$LABEL_STUDIO_API_KEY`` unset.
     """
 
-    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = 60.0,
+        deadline: float = 600.0,
+        max_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
         self.url = check_url(url)
         token = token if token is not None else os.environ.get(TOKEN_ENV)
         if not token:
@@ -151,6 +207,8 @@ class LabelStudioClient:
             )
         self.token = check_token(token)
         self.timeout = timeout
+        self.deadline = deadline
+        self.max_bytes = max_bytes
         self._access: str | None = None
 
     def _auth(self, renew: bool = False) -> str:
@@ -177,7 +235,14 @@ class LabelStudioClient:
         try:
             return self._send(method, path, body, self._auth())
         except _Unauthorized:
-            return self._send(method, path, body, self._auth(renew=True))  # access expired
+            pass  # the access token expired: renew it once
+        try:
+            return self._send(method, path, body, self._auth(renew=True))
+        except _Unauthorized:
+            raise LabelStudioError(
+                f"Label Studio {method} {self.url}{path}: HTTP 401 with a freshly refreshed "
+                f"access token (check ${TOKEN_ENV}: the token was refused)"
+            ) from None
 
     def _send(self, method: str, path: str, body: Any, auth: str | None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -187,15 +252,20 @@ class LabelStudioClient:
             req.add_header("Content-Type", "application/json")
         if auth is not None:
             req.add_header("Authorization", auth)
+        start = time.monotonic()
         try:
             with _OPENER.open(req, timeout=self.timeout) as resp:
-                raw = resp.read()
+                raw = self._read(resp, self.max_bytes, start, f"{method} {self.url}{path}")
         except _RedirectRefused as err:
             text = scrub(f"Label Studio {method} {self.url}{path}: {err}")
             raise LabelStudioError(text) from None
         except urllib.error.HTTPError as err:
             # every secret out BEFORE the cut: a token across the 400th character goes too
-            text = scrub(err.read().decode("utf-8", "replace"))[:400]
+            try:  # at most MAX_ERROR_BYTES of it, then the connection is dropped
+                body = self._read(err, MAX_ERROR_BYTES, start, "", cut=True)
+            except (OSError, LabelStudioError):
+                body = b""
+            text = scrub(body.decode("utf-8", "replace"))[:400]
             if err.code == 401 and auth is not None and auth.startswith("Bearer "):
                 raise _Unauthorized() from None
             hint = ""
@@ -217,6 +287,31 @@ class LabelStudioClient:
             raise LabelStudioError(
                 f"Label Studio {method} {self.url}{path}: the answer is not JSON"
             ) from None
+
+    def _read(self, resp: Any, limit: int, start: float, what: str, cut: bool = False) -> bytes:
+        """The body of ``resp``, a read at a time (``read1``: whatever arrived), refused over
+        ``limit`` bytes (``cut``: returned cut there) or past the request's deadline."""
+        parts: list[bytes] = []
+        size = 0
+        read = getattr(resp, "read1", None) or resp.read
+        while True:
+            if time.monotonic() - start > self.deadline:
+                raise LabelStudioError(
+                    f"Label Studio {what}: no whole answer within {self.deadline:.0f} s (the "
+                    "request's deadline); is the server overloaded?"
+                )
+            chunk = read(min(1 << 16, limit + 1 - size))
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                if cut:
+                    return b"".join(parts)[:limit]
+                raise LabelStudioError(
+                    f"Label Studio {what}: the answer is larger than {limit:,} bytes; not read "
+                    "further"
+                )
 
 
 class _Unauthorized(Exception):
@@ -472,6 +567,12 @@ def connect(
             "/api/projects/",
             {"title": title or f"eada {project.folder.name}", "label_config": config, **settings},
         )
+        if not isinstance(made, dict) or not isinstance(made.get("id"), int):
+            raise LabelStudioError(
+                f"Label Studio POST {client.url}/api/projects/: the answer is not a project "
+                f"(expected a JSON object with an id, got {type(made).__name__}); is "
+                f"{client.url} a Label Studio server?"
+            )
         project_id = int(made["id"])
     else:
         got = client.request("GET", f"/api/projects/{project_id}/")
@@ -620,7 +721,16 @@ def fetch_tasks(project: Any, client: LabelStudioClient | None = None) -> list[d
         if isinstance(u, dict) and "id" in u:
             users[int(u["id"])] = str(u.get("email") or u.get("username") or u["id"])
     for t in tasks:
-        for ann in t.get("annotations") or []:
+        anns = t.get("annotations") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or not isinstance(anns or [], list):
+            what = type(anns).__name__ if isinstance(t, dict) else f"a {type(t).__name__} task"
+            raise LabelStudioError(
+                f"{client.url}: the export of project {conn['project']} holds a task whose "
+                f"annotations are not a list ({what}); is it a Label Studio JSON export?"
+            )
+        for ann in anns or []:
+            if not isinstance(ann, dict):
+                continue
             who = ann.get("completed_by")
             if isinstance(who, int):
                 ann["completed_by"] = {"id": who, "email": users.get(who, str(who))}
