@@ -349,6 +349,11 @@ def test_configs_names_and_logs_table(
         StoreOptions.model_validate({"label_studio_root": "images"})
     with pytest.raises(ValueError, match="does not exist"):
         check_label_studio_root_exists(StoreOptions(label_studio_root=tmp_path / "gone"))
+    from eada.store.labelfiles import ImportFileError, read_csv
+
+    wide = ",".join(["sample_id", "label", *(f"c{i}" for i in range(100_000))])
+    with pytest.raises(ImportFileError, match="100,002 columns, more than the 10,000"):
+        read_csv(wide + "\n" + ",".join(["1", "a", *["x"] * 100_000]) + "\n")
     # init keeps the config's seed, and --set seed=N
     assert main(["config", "show", "toy"]) == 0
     text = capsys.readouterr().out.replace("\nseed: 0\n", "\nseed: 7\n")

@@ -3,6 +3,7 @@ JSON export). Imported files are parsed as data only (``csv``/``json``; nothing 
 
 from __future__ import annotations
 
+import collections
 import csv
 import hashlib
 import io
@@ -197,6 +198,8 @@ MAX_JSON_BYTES = 256 * 2**20
 PROGRESS_BYTES = 16 * 2**20
 """A label file over this size shows its reading progress (on standard error)."""
 PROGRESS_ROWS = 200_000
+MAX_CSV_COLUMNS = 10_000
+"""The most columns a CSV label file may have (a round's export has about a dozen)."""
 
 
 def read_csv(text: str | TextIO, tick: Callable[[int], None] | None = None) -> list[LabelItem]:
@@ -212,8 +215,15 @@ def read_csv(text: str | TextIO, tick: Callable[[int], None] | None = None) -> l
         fields = reader.fieldnames or []
     except csv.Error as err:
         raise ImportFileError(f"malformed CSV header (line 1): {err}") from None
+    if len(fields) > MAX_CSV_COLUMNS:
+        raise ImportFileError(
+            f"the CSV header names {len(fields):,} columns, more than the {MAX_CSV_COLUMNS:,} a "
+            "label file may hold (it needs 'label' and a 'sample_id', 'path' or 'external_id' "
+            "column); is it a label file?"
+        )
     stripped = [f.strip() if isinstance(f, str) else f for f in fields]
-    twice = sorted({f for f in stripped if stripped.count(f) > 1 and f})
+    counts = collections.Counter(stripped)  # one pass: a list's count() a column was quadratic
+    twice = sorted({f for f in stripped if counts[f] > 1 and f})
     if twice:
         raise ImportFileError(
             f"the CSV header names column(s) {twice} more than once; keep one of each"
