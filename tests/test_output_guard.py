@@ -336,6 +336,8 @@ def test_configs_names_and_logs_table(
         (["run", "latin1.yaml"], "latin1.yaml is not UTF-8 text"),
         (["run", "toy", "--set", "optim={lr: 1, lr: 2}"], "the key 'lr' is given twice"),
         (["bench", "toy", "--out", "b", "--max-runs", "-1"], "--max-runs must be >= 0"),
+        (["run", "toy", "--dry-run", "--set", "train.gamma=1e30"], "less than or equal to 1000"),
+        (["run", "toy", "--dry-run", "--set", "train.batch_size=100000000"], "equal to 65536"),
     ]
     for argv, says in cases:
         code = main(argv)
