@@ -336,3 +336,25 @@ def test_an_entry_point_that_fails_names_its_package_and_loads_lazily(
             "bad_margin_pkg.plugin (group eada.strategies): ImportError: No module named "
             "'torch_extras'" in err
         )
+
+
+def test_store_commands_take_plugins(
+    tmp_path: Path, registries: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``eada init``, ``train`` and ``query`` with ``--plugin``: a project store whose strategy
+    is a plugin's; without the plugin the store's config names how to load it."""
+    from support import toy_overrides
+
+    plug = write_plugin(tmp_path, "store_plug")
+    store = str(tmp_path / "p")
+    sets = [a for o in [*toy_overrides(), "active.strategy=my_margin"] for a in ("--set", o)]
+    assert main(["init", "--store", store, "--preset", "toy", *sets, "--plugin", str(plug)]) == 0
+    assert main(["train", "--store", store, "--plugin", str(plug)]) == 0
+    assert main(["query", "--store", store, "--plugin", str(plug)]) == 0
+    capsys.readouterr()
+    from eada.strategies import STRATEGIES
+
+    del STRATEGIES["my_margin"]  # a fresh process without the plugin
+    assert main(["query", "--store", store]) == 2
+    err = flat(capsys.readouterr().err)
+    assert "unknown strategy 'my_margin'" in err and "--plugin FILE_OR_MODULE" in err

@@ -414,7 +414,9 @@ class ActiveConfig(_Strict, RoundSchedule):
     def _known_strategy(cls, v: str) -> str:
         if v != "none" and not is_strategy(v):  # a plugin's too, once its plugin is loaded
             raise ValueError(
-                f"unknown strategy {v!r}; known: none, {', '.join(sorted(STRATEGIES))}"
+                f"unknown strategy {v!r}; known: none, {', '.join(sorted(STRATEGIES))} (a "
+                "plugin's strategy is known once its plugin is loaded: --plugin FILE_OR_MODULE, "
+                "a config's plugins: list, or an installed package's entry point)"
             )
         return v
 
