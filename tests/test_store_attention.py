@@ -131,3 +131,30 @@ def test_credit_superseded_answers_and_the_audit_count(proj: Project, tmp_path: 
     proj.audit(2)
     (audit,) = proj.status()["audit"]["rounds"]
     assert audit["model"]["trained_labels"] == 4  # not the 6 in force now
+
+
+def test_a_schema_3_store_is_migrated_with_its_answers_kept(proj: Project, tmp_path: Path) -> None:
+    """A store as eada with schema 3 left it (no attention table, no answer times, no
+    labels.decided) opens as schema 4 with every label and vote kept."""
+    import sqlite3
+
+    from eada.store.db import SCHEMA_VERSION
+
+    ids = _ids(proj)
+    proj.import_labels(_csv(tmp_path / "a.csv", [(i, proj.classes[0], "alice") for i in ids]))
+    votes = [tuple(r)[:8] for r in proj.store.conn.execute("SELECT * FROM votes ORDER BY id")]
+    proj.close()
+    db = sqlite3.connect(proj.folder / "eada.sqlite")
+    db.executescript(
+        "BEGIN; DROP TABLE attention; ALTER TABLE votes DROP COLUMN answered; "
+        "ALTER TABLE votes DROP COLUMN updated; ALTER TABLE votes DROP COLUMN deleted; "
+        "ALTER TABLE labels DROP COLUMN decided; "
+        "UPDATE meta SET value = '3' WHERE key = 'schema_version'; COMMIT;"
+    )
+    db.close()
+    p = Project(proj.folder)
+    assert p.store.get_meta("schema_version") == str(SCHEMA_VERSION) == "4"
+    assert [tuple(r)[:8] for r in p.store.conn.execute("SELECT * FROM votes ORDER BY id")] == votes
+    assert p.status()["needs_attention"] == [] and p.status()["n_labeled"] == 6
+    got = p.import_labels(_csv(tmp_path / "b.csv", [(ids[0], "dog", "bob")]))
+    assert [a["sample_id"] for a in got["needs_attention"]] == [ids[0]]
