@@ -35,9 +35,17 @@ def test_devices_round_robin_through_the_parents_visible_gpus(
 ) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert assign_devices(6) == ["0", "1", "2", "3", "0", "1"]
+    assert assign_devices(6, runs_per_device=2) == ["0", "1", "2", "3", "0", "1"]
+    with pytest.raises(
+        ExecutorError,
+        match=r"--jobs 6 is more than the 4 GPU\(s\) here "
+        r"\(0,1,2,3\): 2 workers would share a GPU; give --runs-per-device 2",
+    ):
+        assign_devices(6)  # two workers on a GPU only when asked for
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")  # a parent given 4 of 8 GPUs
-    assert assign_devices(3, devices=[0, 2]) == ["4", "6", "4"]
+    assert assign_devices(3, devices=[0, 2], runs_per_device=2) == ["4", "6", "4"]
+    with pytest.raises(ExecutorError, match=r"--jobs 3 is more than the 2 GPU\(s\) of --devices"):
+        assign_devices(3, devices=[0, 2])
     assert assign_devices(4, devices=[1, 3], runs_per_device=2) == ["5", "7", "5", "7"]
     with pytest.raises(ExecutorError, match=r"more than 2 run\(s\) a device on 2 GPU"):
         assign_devices(5, devices=[1, 3], runs_per_device=2)

@@ -1,10 +1,15 @@
 """``eada bench --dask``: grids on a real Dask cluster (a scheduler and 2 ``--no-nanny``
 workers as separate processes, every port on 127.0.0.1, stopped by their process ids), one
-cluster for the module; tiny SURF tasks (2 epochs, an MLP of 32 units)."""
+cluster for the module, its workers started in folders of their own (as on other machines);
+tiny SURF tasks (2 epochs, an MLP of 32 units). Workers join it later in some tests (one
+without the data, one mid-grid)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import threading
 import time
 from collections import Counter
@@ -27,7 +32,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackCluste
     """The module's cluster; its workers import eada.bench, torch and what a run imports on
     first use (:data:`eada.bench.RUN_MODULES`) before they join."""
     folder = tmp_path_factory.mktemp("dask")
-    c = LoopbackCluster(2, folder=str(folder), preload=("eada.bench", *bench.RUN_MODULES))
+    nodes = [folder / "nodeA", folder / "nodeB"]  # each worker's working folder: not ours
+    for node in nodes:
+        node.mkdir()
+    c = LoopbackCluster(
+        2,
+        folder=str(folder),
+        preload=("eada.bench", *bench.RUN_MODULES),
+        worker_folders=[str(n) for n in nodes],
+        timeout=300,  # a busy machine: the preloads alone once took 100 s
+    )
     c.start()
     try:
         yield c
@@ -167,6 +181,160 @@ def plugins_sha(path: Path) -> str:
     return sha256_of(path)
 
 
+def _surf_lab(folder: Path) -> Path:
+    """A lab's layout: ``data/`` (the two SURF files) and ``configs/surf.yaml`` naming them
+    relative to the config file (``../data/...``); the config's path."""
+    task = Path(surf_task(folder, "surf"))
+    data = folder / "data"
+    data.mkdir()
+    text = task.read_text()
+    for line in text.splitlines():
+        if line.strip().startswith(("source:", "target:")):
+            src = Path(line.split(":", 1)[1].strip())
+            shutil.copy(src, data / src.name)
+            text = text.replace(str(src), f"../data/{src.name}")
+    (folder / "configs").mkdir()
+    config = folder / "configs" / "surf.yaml"
+    config.write_text(text)
+    task.unlink()
+    return config
+
+
+def test_workers_in_other_folders_read_data_named_relative_to_the_config(
+    cluster: LoopbackCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The workers run in folders of their own; the config names its data ``../data/x.mat``
+    relative to itself and is given by a relative path from the lab's folder: every run finds
+    its data, and its record keeps the driver's and the worker's path and the digest. With
+    ``--data-map`` the workers read a copy elsewhere."""
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    _surf_lab(lab)
+    monkeypatch.chdir(lab)
+    grid = ["bench", "configs/surf.yaml", "--methods", "random", "--seeds", "0-1"]
+    assert main([*grid, "--out", "out", "--dask", cluster.address]) == 0, capsys.readouterr().err
+    lines = read_jsonl(lab / "out" / "runs.jsonl", unfinished=True)
+    assert len(lines) == 2 and all(r.get("status", "ok") == "ok" for r in lines)
+    for r in lines:
+        assert r["worker"]["address"] in cluster.workers
+        assert r["config"]["data"]["source"] == "data/Caltech10_SURF_L10.mat"  # as resolved
+        src = r["data_paths"]["source"]
+        assert src == {"driver": str(lab / "data" / "Caltech10_SURF_L10.mat"),
+                       "worker": str(lab / "data" / "Caltech10_SURF_L10.mat")}  # fmt: skip
+        assert r["inputs"]["source"]["digest"].startswith("sha256:")
+        assert r["attempts"] == 1 and r["workers"] == [r["worker"]["address"]]
+        assert r["worker"]["code"]["commit"] == r["code"]["git"]["commit"] or not r["code"]["git"]
+
+    mirror = tmp_path / "scratch"
+    shutil.copytree(lab / "data", mirror)
+    grid = [*grid[:-2], "--seeds", "2"]
+    argv = [
+        *grid,
+        "--out",
+        "mapped",
+        "--dask",
+        cluster.address,
+        "--data-map",
+        f"{lab / 'data'}={mirror}",
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    (rec,) = read_jsonl(lab / "mapped" / "runs.jsonl")
+    assert rec["data_paths"]["target"]["worker"] == str(mirror / "amazon_SURF_L10.mat")
+    assert rec["inputs"]["target"]["path"] == str(mirror / "amazon_SURF_L10.mat")
+
+
+def test_a_worker_without_the_data_is_avoided_and_a_late_worker_gets_runs(
+    cluster: LoopbackCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A third worker whose data are elsewhere (its ``EADA_DATA_MAP`` points at an empty
+    folder) fails the run it gets at the start as an environment error: the run goes to another
+    worker and that worker gets no more runs of that data set; the summary names it. A fourth
+    worker, started in its own folder after the grid's first run ended, runs at least one run."""
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    config = _surf_lab(lab)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "nodeC").mkdir()
+    elsewhere = {"EADA_DATA_MAP": f"{lab / 'data'}={tmp_path / 'empty'}"}
+    bad = cluster.add_worker(str(tmp_path / "nodeC"), env=elsewhere)
+    late: list[str] = []
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if line.startswith("[1/") and not late:  # the first run ended: a worker joins now
+            (tmp_path / "nodeD").mkdir()
+            late.append(cluster.add_worker(str(tmp_path / "nodeD")))
+
+    lines: list[str] = []
+    runs = bench.build_grid([str(config)], ["random", "eada", "source_only"], [0, 1, 2])
+    failed: list[dict] = []
+    ex = DaskExecutor(cluster.address)
+    try:
+        records = bench.run_grid(runs, tmp_path / "o", progress=progress, executor=ex,
+                                 failed=failed)  # fmt: skip
+    finally:
+        cluster.kill_worker(bad)
+    assert not failed and len(records) == 9
+    assert bad not in {r["worker"]["address"] for r in records}
+    # 3 runs in flight at the start on 3 idle workers: one on it, then no more of that data
+    (tried_bad,) = [r for r in records if bad in r["workers"]]
+    assert tried_bad["attempts"] == 2 and tried_bad["workers"][0] == bad
+    notes = bench.cluster_notes(ex)
+    assert any(bad in n and "runs of that data set" in n and "data not on this worker" in n
+               for n in notes), notes  # fmt: skip
+    assert any(bad in ln and "gets no more runs" in ln for ln in lines), lines
+    assert late and any(r["worker"]["address"] == late[0] for r in records), lines
+    assert any(late[0] in ln and "joined" in ln for ln in lines), lines
+
+
+def test_a_second_ctrl_c_cancels_the_runs_on_the_workers(
+    cluster: LoopbackCluster, tmp_path: Path
+) -> None:
+    """Ctrl-C twice while runs of 400 epochs compute on the workers: ``KeyboardInterrupt``,
+    no line, and within seconds no worker computes anything (each run stops at its next
+    epoch instead of training on for minutes)."""
+    from distributed import Client
+
+    long = surf_task(tmp_path, "surf_long", epochs=400)
+    runs = bench.build_grid([long], ["random"], [0, 1])
+    lines: list[str] = []
+
+    def executing(client: Client) -> int:
+        counts = client.run(lambda dask_worker: len(dask_worker.state.executing))
+        return sum(counts.values())
+
+    def interrupt_twice() -> None:
+        with Client(cluster.address, set_as_default=False) as client:
+            deadline = time.time() + 300
+            while time.time() < deadline and executing(client) < 2:
+                time.sleep(0.1)
+        time.sleep(1.0)  # both runs are training
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    t = threading.Thread(target=interrupt_twice)
+    t.start()
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_grid(runs, tmp_path / "o", progress=lines.append,
+                       executor=DaskExecutor(cluster.address))  # fmt: skip
+    t.join()
+    stopped = time.time()
+    assert any(ln.startswith("interrupted: no new runs") for ln in lines), lines
+    with Client(cluster.address, set_as_default=False) as client:
+        while executing(client) and time.time() < stopped + 30:
+            time.sleep(0.2)
+        assert executing(client) == 0, "runs still computing 30 s after the second Ctrl-C"
+    idle = time.time() - stopped
+    assert idle < 20, f"the workers took {idle:.1f} s to stop"
+    assert not (tmp_path / "o" / "runs.jsonl").exists() or not read_jsonl(
+        tmp_path / "o" / "runs.jsonl", unfinished=True
+    )
+
+
 def test_a_worker_killed_mid_grid_leaves_one_record_per_run(
     cluster: LoopbackCluster, tasks: tuple[str, str], tmp_path: Path
 ) -> None:
@@ -196,11 +364,20 @@ def test_a_worker_killed_mid_grid_leaves_one_record_per_run(
     killer = threading.Thread(target=kill_a_busy_worker)
     killer.start()
     failed: list[dict] = []
+    progress: list[str] = []
     records = bench.run_grid(
-        runs, tmp_path / "o", executor=DaskExecutor(cluster.address), failed=failed
+        runs,
+        tmp_path / "o",
+        progress=progress.append,
+        executor=DaskExecutor(cluster.address),
+        failed=failed,
     )
     killer.join()
     assert killed, "no worker was killed"
+    assert any(f"worker {killed[0]}" in ln and " lost" in ln for ln in progress), progress
+    # the run it was running (where its start reached the driver before the kill): run again
+    rerun = [r for r in records if killed[0] in r["workers"]]
+    assert all(r["attempts"] >= 2 and r["workers"][-1] != killed[0] for r in rerun), rerun
     lines = read_jsonl(tmp_path / "o" / "runs.jsonl", unfinished=True)
     assert sorted(json.loads(r["key"])[1:] for r in lines) == sorted(
         json.loads(r.key)[1:] for r in runs

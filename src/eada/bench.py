@@ -45,7 +45,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,10 @@ from eada.executors import (
     Job,
     LocalProcessExecutor,
     Outcome,
+    RunCancelled,
     assign_devices,
+    code_differences,
+    task_cancelled,
     worker_device,
 )
 from eada.executors import worker_start_method as worker_start_method  # re-exported
@@ -73,9 +77,11 @@ from eada.runs import (
     append_jsonl,
     check_not_store,
     check_same_data,
+    code_identity,
     config_differences,
     describe_reused,
     environment_info,
+    folder_lock,
     parse_seeds,
     read_jsonl,
     write_bytes_atomic,
@@ -339,6 +345,7 @@ def run_grid(
     executor: Executor | None = None,
     failed: list[dict[str, Any]] | None = None,
     bar: bool = False,
+    data_map: list[tuple[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every grid cell not yet finished in ``out/runs.jsonl``; returns the finished records
     of the grid (the failed ones go to ``failed``).
@@ -357,6 +364,13 @@ def run_grid(
             ``jobs == 1``.
         failed: receives the record of every run of this call that failed or was lost.
         bar: show a progress bar (done/total, failed, ETA) on stderr instead of the lines.
+        data_map: ``(old, new)`` prefixes the workers rewrite in the data paths
+            (``--data-map``, :func:`eada.data.identity.place_data`).
+
+    Each run's data paths go to its worker as absolute paths (:func:`input_paths`); the
+    worker checks them before it starts (a worker without them is avoided, see
+    :class:`~eada.executors.DaskExecutor`), and the record keeps both (``data_paths``).
+    One process at a time runs a grid in ``out``: :func:`eada.runs.folder_lock`.
 
     This process alone appends to ``runs.jsonl``, one whole line per finished run, as each
     finishes. A run that raises is recorded as ``{"key", "status": "failed", "error",
@@ -374,9 +388,29 @@ def run_grid(
         OtherDataError: a record in ``runs.jsonl`` was made on other data (or before runs
             recorded their data, on data held in files).
         KeyboardInterrupt: Ctrl-C (the records of the runs that ended are written).
+        FolderInUseError: another process runs a grid in ``out``.
     """
     check_not_store(out)  # never a project store's folder
     out.mkdir(parents=True, exist_ok=True)
+    with folder_lock(out):
+        return _run_grid(
+            runs, out, progress, max_runs, jobs, threads, executor, failed, bar, data_map or []
+        )
+
+
+def _run_grid(
+    runs: list[GridRun],
+    out: Path,
+    progress: Callable[[str], None] | None,
+    max_runs: int | None,
+    jobs: int,
+    threads: int,
+    executor: Executor | None,
+    failed: list[dict[str, Any]] | None,
+    bar: bool,
+    data_map: list[tuple[str, str]],
+) -> list[dict[str, Any]]:
+    """:func:`run_grid` with ``out`` locked."""
     log = out / "runs.jsonl"
     done = finished_runs(log)
     _INPUTS.clear()  # the data as they are now: hashed once for this grid command
@@ -413,18 +447,31 @@ def run_grid(
         )
     remote = isinstance(executor, DaskExecutor)
     by_key = {r.key: r for r in todo}
+    from eada.data.identity import input_paths
     from eada.extend import plugins_of
 
-    grid_jobs = [
-        Job(
-            r.key,
-            _grid_job,
-            (r, code, threads if remote else None, plugins_of(r.config, r.method)),
-            _run_label(r),
-            gpu=r.config.device != "cpu",
+    grid_jobs = []
+    for r in todo:
+        paths = input_paths(r.config.data)  # absolute here: the workers may start elsewhere
+        grid_jobs.append(
+            Job(
+                r.key,
+                _grid_job,
+                (
+                    r,
+                    code,
+                    threads if remote else None,
+                    plugins_of(r.config, r.method),
+                    paths,
+                    data_map,
+                ),
+                _run_label(r),
+                gpu=r.config.device != "cpu",
+                group=json.dumps(sorted(paths.items())),
+            )
         )
-        for r in todo
-    ]
+    if hasattr(executor, "note") and progress:
+        executor.note = progress  # a Dask cluster's news: workers joining, lost, avoided
     if progress and todo and not isinstance(executor, InProcessExecutor):
         if isinstance(executor, DaskExecutor):
             where = f"the Dask cluster at {executor.address}"
@@ -443,9 +490,12 @@ def run_grid(
                 rec = dict(outcome.value)
                 ran_on = _where(outcome)
                 ran_on["device"] = rec.pop("worker_device", ran_on["device"])
+                ran_on["code"] = rec.pop("worker_code", None)
                 rec.update(worker=ran_on, timing=outcome.timing())
-                if outcome.attempts > 1:
-                    rec["attempts"] = outcome.attempts
+                rec.update(attempts=outcome.attempts, workers=outcome.tried_on)
+                other = code_differences(code_identity(), ran_on.get("code") or {})
+                if ran_on.get("code") and other:
+                    rec["other_code"] = other  # a worker allowed by --allow-mixed-code
                 append_jsonl(log, rec)
                 done[run.key] = rec
             else:
@@ -477,6 +527,7 @@ def failure_record(run: GridRun, outcome: Outcome, code: dict[str, Any]) -> dict
         "worker": _where(outcome),
         "timing": outcome.timing(),
         "attempts": outcome.attempts,
+        "workers": outcome.tried_on,
         "config_sha": run.config_sha,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "code": code,
@@ -587,12 +638,13 @@ class _Progress:
             t = outcome.timing()["run_s"]
             secs = f" {t:.1f} s" if t is not None else ""
             where = outcome.worker.get("address", "")
+            where = "" if where.startswith("local:") else where  # a local worker: its device
             dev = outcome.worker.get("device")
             where += f" {dev}" if dev and dev != "cpu" else ""
             line = f"[{self.n}/{self.total}] {outcome.status}{secs}: {_run_label(run)}"
             if outcome.status != "ok":
                 line += f": {outcome.error_type}: {outcome.error}"
-            self.sink(line + (f" ({where})" if where and not where.startswith("local:") else ""))
+            self.sink(line + (f" ({where.strip()})" if where.strip() else ""))
 
 
 def _run_label(run: GridRun) -> str:
@@ -616,12 +668,23 @@ def grid_inputs(run: GridRun) -> dict[str, Any]:
     """:func:`eada.data.identity.data_inputs` of a run's data, once per data config within one
     :func:`run_grid` call and process (a grid of many runs over one image folder stats its
     images once)."""
+    return _config_inputs(run.config)
+
+
+def _config_inputs(config: ExperimentConfig) -> dict[str, Any]:
     from eada.data.identity import data_inputs
 
-    ident = json.dumps([run.config.data.model_dump(mode="json"), run.config.model.weights])
+    ident = json.dumps([config.data.model_dump(mode="json"), config.model.weights])
     if ident not in _INPUTS:
-        _INPUTS[ident] = data_inputs(run.config.data, run.config.model)
+        _INPUTS[ident] = data_inputs(config.data, config.model)
     return _INPUTS[ident]
+
+
+def _stop_when_cancelled(event: str, trainer: Any, info: dict[str, Any]) -> None:
+    """Trainer callback of a run on a Dask worker: end the run at its next epoch or round
+    once its task was cancelled (a second Ctrl-C of the driver), freeing the worker."""
+    if task_cancelled():
+        raise RunCancelled("the grid was interrupted: run cancelled")
 
 
 def _grid_job(
@@ -629,17 +692,31 @@ def _grid_job(
     code: dict[str, Any],
     threads: int | None = None,
     plugins: list[dict[str, Any]] | tuple[()] = (),
+    paths: dict[str, str] | None = None,
+    data_map: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Train one grid cell; its record (where it runs: this process, a local worker or a Dask
     worker; ``threads``: set this worker's thread count first, for Dask workers; ``plugins``:
     the plugins the run uses (:func:`eada.extend.plugins_of`), imported here first, each
     checked to be the same code; a worker without one fails the run naming module and
-    worker). The record's ``plugins`` names them as this worker has them."""
+    worker; ``paths``: the driver's absolute data paths, checked and mapped here,
+    :func:`~eada.data.identity.place_data`). The record's ``plugins`` names them as this
+    worker has them."""
+    from eada.data.identity import place_data
     from eada.experiment import run_once
     from eada.plugins import activate
     from eada.train.domain_stats import DomainStatsRecorder
 
-    used = activate(plugins)
+    try:
+        used = activate(plugins)
+    except ValueError as err:  # a plugin this worker lacks: its fault, not the run's
+        err.environment = True  # type: ignore[attr-defined]
+        raise
+
+    config, placed = run.config, None
+    if paths:
+        data, placed = place_data(run.config.data, paths, data_map or [])
+        config = run.config.model_copy(update={"data": data})
 
     if threads is not None:
         from threadpoolctl import threadpool_limits
@@ -651,16 +728,21 @@ def _grid_job(
     cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
     stats = DomainStatsRecorder(n_free_energy=BENCH_FREE_ENERGIES, seed=run.seed)
     cbs = [*(cbs or []), stats]  # compact domain statistics for the report (histograms, toy)
-    inputs = grid_inputs(run)
-    result = run_once(run.config, _CACHE.get(run.config), callbacks=cbs, record_stats=False)
+    if threads is not None:  # a Dask worker's task: stop when cancelled
+        cbs.append(_stop_when_cancelled)
+    inputs = _config_inputs(config)
+    result = run_once(config, _CACHE.get(config), callbacks=cbs, record_stats=False)
     result["results"]["domain_stats"] = stats.data
-    rec = run_record(run, result, code)
+    rec = run_record(run, result, code)  # the grid's config (its paths as given), its identity
     rec["inputs"] = inputs
     rec["plugins"] = [p.record() for p in used]
+    if placed:
+        rec["data_paths"] = placed  # the driver's path and the one read here, per key
     from eada.train.loop import resolve_device
 
     on_cpu = resolve_device(run.config.device).type == "cpu"
     rec["worker_device"] = "cpu" if on_cpu else worker_device()  # the record's worker.device
+    rec["worker_code"] = code_identity()  # the record's worker.code: eada version, commit
     return rec
 
 
@@ -686,6 +768,8 @@ def make_executor(
     runs_per_device: int | None = None,
     retries: int = 0,
     dask: str | None = None,
+    allow_mixed_code: bool = False,
+    wait_workers: float | None = None,
 ) -> Executor:
     """The executor of ``eada bench``'s options: Dask (``dask``: a scheduler address), else
     ``jobs`` local workers each given its GPU (:func:`~eada.executors.assign_devices`), else
@@ -695,7 +779,13 @@ def make_executor(
     if dask:
         if devices is not None or runs_per_device is not None:
             raise ConfigError("--devices and --runs-per-device are for local workers, not --dask")
-        return DaskExecutor(dask, retries=retries)
+        return DaskExecutor(
+            dask,
+            retries=retries,
+            allow_mixed_code=allow_mixed_code,
+            code=code_identity,
+            wait_workers=wait_workers,
+        )
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     if runs_per_device is not None and runs_per_device < 1:
@@ -772,7 +862,55 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="ADDRESS",
         help="run every run as a task on a Dask distributed cluster, e.g. tcp://HOST:8786 "
-        "(needs the cluster extra; the data paths must exist on the workers)",
+        "(needs the cluster extra; the workers need the data, at the paths the driver sees or "
+        "mapped by --data-map)",
+    )
+    b.add_argument(
+        "--data-map",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="workers read data under NEW where this machine has them under OLD (repeatable; "
+        "a worker's own EADA_DATA_MAP comes first)",
+    )
+    s = b.add_argument_group("Slurm (--slurm: the workers as Slurm jobs, through dask-jobqueue)")
+    s.add_argument(
+        "--slurm",
+        action="store_true",
+        help="start the Dask workers as Slurm jobs (sbatch), wait for the first, run the grid, "
+        "cancel the jobs at the end or on Ctrl-C",
+    )
+    s.add_argument("--slurm-partition", default=None, metavar="P", help="sbatch -p")
+    s.add_argument("--slurm-account", default=None, metavar="A", help="sbatch -A")
+    s.add_argument("--slurm-gpus", type=int, default=0, metavar="N", help="GPUs a job (0)")
+    s.add_argument("--slurm-cpus", type=int, default=1, metavar="N", help="CPU cores a job (1)")
+    s.add_argument("--slurm-memory", default="8GB", metavar="M", help="memory a job (8GB)")
+    s.add_argument("--slurm-walltime", default="01:00:00", metavar="T", help="sbatch -t")
+    s.add_argument("--slurm-jobs", type=int, default=1, metavar="N", help="jobs at once (1)")
+    s.add_argument(
+        "--slurm-adapt",
+        default=None,
+        metavar="MIN:MAX",
+        help="adaptive scaling between MIN and MAX jobs instead of --slurm-jobs",
+    )
+    s.add_argument(
+        "--slurm-interface",
+        default=None,
+        metavar="IFACE",
+        help="network interface of the scheduler (here) and the workers, e.g. ib0",
+    )
+    s.add_argument(
+        "--slurm-wait",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="seconds to wait for the first job to start (3600)",
+    )
+    b.add_argument(
+        "--allow-mixed-code",
+        action="store_true",
+        help="use Dask workers whose eada version or commit differ from this one's (recorded "
+        "in each of their runs); default: refused",
     )
     from eada.threads import add_threads_argument
 
@@ -835,33 +973,44 @@ def cmd_bench(args: argparse.Namespace) -> int:
             args.sweep,
             args.data_root,
         )
+        from eada.data.identity import parse_data_map
+
+        data_map = parse_data_map(args.data_map)
         if args.dry_run:
             done = set(finished_runs(out / "runs.jsonl"))
+            todo = [r for r in runs if r.key not in done]
+            where = placements(todo, args)
             for r in runs:
-                print(("done " if r.key in done else "todo ") + r.key)
+                print(("done " if r.key in done else "todo ") + r.key + where.get(r.key, ""))
             print(f"{len(runs)} runs, {sum(r.key in done for r in runs)} done; configs valid")
             return 0
         threads = args.threads or 1
-        executor = make_executor(
-            _jobs(args),
-            threads,
-            devices=_device_list(args.devices),
-            runs_per_device=args.runs_per_device,
-            retries=_retries(args.retries),
-            dask=args.dask,
-        )
-        failed: list[dict[str, Any]] = []
-        records = run_grid(
-            runs,
-            out,
-            progress=log,
-            max_runs=args.max_runs,
-            jobs=_jobs(args),
-            threads=threads,
-            executor=executor,
-            failed=failed,
-            bar=sys.stderr.isatty(),
-        )
+        with _slurm(args, log) as slurm:  # --slurm: its jobs live as long as the grid
+            executor = make_executor(
+                _jobs(args),
+                threads,
+                devices=_device_list(args.devices),
+                runs_per_device=args.runs_per_device,
+                retries=_retries(args.retries),
+                dask=slurm.address if slurm else args.dask,
+                wait_workers=slurm.wait if slurm else None,
+                allow_mixed_code=args.allow_mixed_code,
+            )
+            failed: list[dict[str, Any]] = []
+            records = run_grid(
+                runs,
+                out,
+                progress=log,
+                max_runs=args.max_runs,
+                jobs=_jobs(args),
+                threads=threads,
+                executor=executor,
+                failed=failed,
+                bar=sys.stderr.isatty(),
+                data_map=data_map,
+            )
+        for note in cluster_notes(executor):
+            log(note)
         if failed:
             if records:
                 _write_tables(records, out, args.format)
@@ -869,6 +1018,106 @@ def cmd_bench(args: argparse.Namespace) -> int:
             return 1
     _write_tables(records, out, args.format)
     return 0
+
+
+@dataclass
+class _SlurmGrid:
+    address: str
+    wait: float
+
+
+@contextmanager
+def _slurm(args: argparse.Namespace, log: Callable[[str], None]) -> Iterator[_SlurmGrid | None]:
+    """``--slurm``: a dask-jobqueue cluster whose jobs live as long as the block (cancelled at
+    its end, Ctrl-C included); ``None`` without ``--slurm``."""
+    from eada.config import ConfigError
+
+    if not args.slurm:
+        yield None
+        return
+    if args.dask:
+        raise ConfigError("--slurm starts its own Dask cluster: give it or --dask, not both")
+    if Path(args.out).is_dir():  # another grid on this folder: refused before any job starts
+        with folder_lock(Path(args.out)):
+            pass
+    from eada.executors import SlurmOptions, parse_adapt, slurm_cluster
+
+    opts = SlurmOptions(
+        partition=args.slurm_partition,
+        account=args.slurm_account,
+        gpus=args.slurm_gpus,
+        cpus=args.slurm_cpus,
+        memory=args.slurm_memory,
+        walltime=args.slurm_walltime,
+        jobs=args.slurm_jobs,
+        adapt=parse_adapt(args.slurm_adapt) if args.slurm_adapt else None,
+        interface=args.slurm_interface,
+        wait=args.slurm_wait,
+    )
+    cluster = slurm_cluster(opts)
+    jobs = f"adaptive {opts.adapt[0]}-{opts.adapt[1]}" if opts.adapt else str(opts.jobs)
+    log(f"Slurm: {jobs} job(s) of one Dask worker ({opts.gpus} GPU(s), {opts.cpus} CPU(s), "
+        f"{opts.memory}, {opts.walltime}); scheduler {cluster.scheduler_address}")  # fmt: skip
+    try:
+        yield _SlurmGrid(cluster.scheduler_address, opts.wait)
+    finally:
+        cluster.close()  # scancel of every job it submitted
+        log("Slurm: the grid's jobs cancelled")
+
+
+def placements(todo: list[GridRun], args: argparse.Namespace) -> dict[str, str]:
+    """Where ``eada bench --dry-run`` says each run would go: `` -> worker 2, cuda:1``
+    (local workers: the first run of each worker exactly, the later ones to whichever worker
+    is free first), `` -> any Dask worker with GPU=1``, `` -> this process, cpu``.
+
+    Raises:
+        ExecutorError: the options name GPUs that are not there, or more workers than GPUs
+            without ``--runs-per-device`` (the same check as a real run).
+    """
+    if not todo:
+        return {}
+    if args.dask or args.slurm:
+        return {
+            r.key: " -> any Dask worker" + (" with GPU=1" if r.config.device != "cpu" else "")
+            for r in todo
+        }
+    jobs = _jobs(args)
+    slots = assign_devices(jobs, _device_list(args.devices), args.runs_per_device)
+    n = min(jobs, len(todo))
+
+    def device(r: GridRun, slot: str | None) -> str:
+        return "cpu" if r.config.device == "cpu" or slot is None else f"cuda:{slot}"
+
+    if n == 1 and jobs == 1:
+        return {r.key: f" -> this process, {device(r, slots[0])}" for r in todo}
+    out = {}
+    for i, r in enumerate(todo):
+        if i < n:
+            out[r.key] = f" -> worker {i + 1}, {device(r, slots[i])}"
+        else:
+            free = sorted({device(r, slots[k]) for k in range(n)})
+            out[r.key] = f" -> the first worker free ({' or '.join(free)})"
+    return out
+
+
+def cluster_notes(executor: Executor) -> list[str]:
+    """What ``eada bench`` says after a Dask grid about its cluster: each worker avoided for
+    lacking a run's data or modules (node and reason), each refused or allowed for its code,
+    each lost."""
+    notes = []
+    for a in getattr(executor, "avoided", []):
+        what = "every run" if a["group"] == "*" else "runs of that data set"
+        notes.append(f"avoided worker {a['worker']} (host {a['host']}) for {what}: {a['error']}")
+    for w, diff in getattr(executor, "refused", {}).items():
+        notes.append(f"refused worker {w}: other code ({', '.join(diff)})")
+    for w, c in getattr(executor, "mixed", {}).items():
+        notes.append(
+            f"used worker {w} (host {c['host']}) with other code: eada {c['eada']}, commit "
+            f"{c['commit']} (--allow-mixed-code; recorded in its runs)"
+        )
+    for w in getattr(executor, "lost", []):
+        notes.append(f"lost worker {w} during the grid")
+    return notes
 
 
 def _write_tables(records: list[dict[str, Any]], out: Path, fmt: str) -> None:

@@ -44,6 +44,18 @@ class ExecutorError(ValueError):
     """A request no executor can honour (e.g. ``--devices`` naming a GPU that is not there)."""
 
 
+class WorkerEnvironmentError(OSError):
+    """A job failed because of its worker, not of itself (its data are not there, eada or a
+    plugin cannot be imported there): an executor that has other workers runs it elsewhere and
+    gives that worker no more jobs of the same ``group``. An :class:`ImportError` raised by a
+    job, and any exception with ``environment = True``, count as one too."""
+
+
+class RunCancelled(Exception):
+    """Raised inside a job whose task was cancelled (a second Ctrl-C of ``eada bench``), so
+    that its worker is free again within one training epoch."""
+
+
 @dataclass(frozen=True)
 class Job:
     """One unit of work: ``fn(*args)`` returns a JSON-able dict.
@@ -54,6 +66,8 @@ class Job:
         args: its arguments (picklable).
         label: a short human-readable name for progress lines.
         gpu: the job wants a GPU (Dask: ask for a ``GPU`` resource where workers declare one).
+        group: what the job needs from its worker's machine (a grid run: its data set); a
+            worker that lacked it for one job gets no other job of the same group.
     """
 
     key: str
@@ -61,6 +75,7 @@ class Job:
     args: tuple[Any, ...] = ()
     label: str = ""
     gpu: bool = False
+    group: str = ""
 
 
 @dataclass
@@ -80,7 +95,10 @@ class Outcome:
         submitted: when the job was handed to a worker or the scheduler (``time.time()``).
         started: when the worker began it (the worker's clock), ``None`` if unknown.
         finished: when its result was back.
-        attempts: how many times it was started (``> 1`` after a lost worker).
+        attempts: how many times it was started (``> 1`` after a lost worker or a worker
+            that lacked its data).
+        tried_on: the address of the worker of every attempt, in order.
+        environment: the failure was its worker's (:class:`WorkerEnvironmentError`).
     """
 
     job: Job
@@ -94,6 +112,8 @@ class Outcome:
     started: float | None = None
     finished: float = 0.0
     attempts: int = 1
+    tried_on: list[str] = field(default_factory=list)
+    environment: bool = False
 
     @property
     def submit_to_start(self) -> float | None:
@@ -157,6 +177,38 @@ def worker_info() -> dict[str, Any]:
     }
 
 
+def code_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """What differs between two code identities (``eada`` version, git ``commit``; see
+    :func:`eada.runs.code_identity`).
+
+    >>> code_differences({"eada": "1.0", "commit": "ab"}, {"eada": "1.0", "commit": "cd"})
+    ['commit ab -> cd']
+    """
+    return [
+        f"{k} {mine.get(k)} -> {theirs.get(k)}"
+        for k in ("eada", "commit")
+        if mine.get(k) != theirs.get(k)
+    ]
+
+
+def task_cancelled() -> bool:
+    """Inside a Dask worker's task: whether the task was cancelled (the client released or
+    cancelled it); ``False`` anywhere else. Cheap: no network."""
+    if "distributed" not in sys.modules:
+        return False
+    try:
+        from distributed import get_worker
+        from distributed.worker import thread_state
+
+        key = getattr(thread_state, "key", None)
+        if key is None:
+            return False
+        ts = get_worker().state.tasks.get(key)
+    except (ValueError, AttributeError):  # not in a worker
+        return False
+    return ts is None or ts.state in ("cancelled", "released", "forgotten")
+
+
 def call_job(fn: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> dict[str, Any]:
     """Run ``fn(*args)`` on a worker; the result or the error as a plain dict, never raising
     for an ``Exception`` (``KeyboardInterrupt`` and ``SystemExit`` pass). An ``OSError`` (a
@@ -166,42 +218,74 @@ def call_job(fn: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> dict[s
     try:
         value = fn(*args)
     except Exception as err:  # the job failed: reported, never retried
-        lines = traceback.format_exc().rstrip().splitlines()
-        msg = str(err) or type(err).__name__
-        if isinstance(err, OSError):
-            msg += f" (on worker {info['address']}, host {info['host']})"
-        return {
-            "ok": False,
-            "error": msg,
-            "error_type": type(err).__name__,
-            "traceback": "\n".join(lines[-TRACEBACK_LINES:]),
-            "worker": info,
-            "started": started,
-            "finished": time.time(),
-        }
+        return _failure(err, info, started)
     return {"ok": True, "value": value, "worker": info, "started": started, "finished": time.time()}
 
 
-def call_pickled(blob: bytes) -> dict[str, Any]:
+def _failure(
+    err: BaseException, info: dict[str, Any], started: float, any_group: bool = False
+) -> dict[str, Any]:
+    """The result dict of a job that raised ``err`` on the worker ``info``: an environment
+    failure (the worker's fault) for a :class:`WorkerEnvironmentError`, an
+    :class:`ImportError` or an exception marked ``environment = True`` (a plugin this worker
+    lacks); ``any_group``: the worker can run no job at all (the job could not be unpickled)."""
+    lines = traceback.format_exc().rstrip().splitlines()
+    msg = str(err) or type(err).__name__
+    if isinstance(err, OSError | ImportError):
+        msg += f" (on worker {info['address']}, host {info['host']})"
+    return {
+        "ok": False,
+        "error": msg,
+        "error_type": type(err).__name__,
+        "traceback": "\n".join(lines[-TRACEBACK_LINES:]),
+        "worker": info,
+        "started": started,
+        "finished": time.time(),
+        "environment": isinstance(err, WorkerEnvironmentError | ImportError)
+        or bool(getattr(err, "environment", False)),
+        "any_group": any_group,
+    }
+
+
+def call_pickled(blob: bytes, key: str = "") -> dict[str, Any]:
     """:func:`call_job` of a pickled ``(fn, args)``: a Dask task is this function (which
     imports nothing heavy) and bytes, so the scheduler, which unpickles every task it is given,
-    never imports torch or the job's modules (a first task once waited ~10 s for that)."""
+    never imports torch or the job's modules (a first task once waited ~10 s for that).
+
+    A worker that cannot unpickle the job (eada or a plugin not importable there) returns an
+    environment failure. Inside a Dask worker, the start of each attempt is logged as an
+    ``eada-start`` event (``key``, the worker's address) for the driver's bookkeeping."""
     import pickle
 
-    fn, args = pickle.loads(blob)
+    started = time.time()
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        worker.log_event("eada-start", {"key": key, "worker": worker.address})
+    except (ImportError, ValueError):  # not a Dask worker
+        pass
+    try:
+        fn, args = pickle.loads(blob)
+    except Exception as err:  # eada, a plugin or a module of the job not importable here
+        return _failure(err, worker_info(), started, any_group=True)
     return call_job(fn, args)
 
 
-def _outcome(job: Job, res: dict[str, Any], submitted: float, attempts: int) -> Outcome:
+def _outcome(
+    job: Job, res: dict[str, Any], submitted: float, attempts: int, tried_on: list[str]
+) -> Outcome:
+    tried = tried_on or [res["worker"].get("address", "")]
     if res["ok"]:
         return Outcome(
             job, "ok", value=res["value"], worker=res["worker"], submitted=submitted,
-            started=res["started"], finished=time.time(), attempts=attempts,
+            started=res["started"], finished=time.time(), attempts=attempts, tried_on=tried,
         )  # fmt: skip
     return Outcome(
         job, "failed", error=res["error"], error_type=res["error_type"],
         traceback=res["traceback"], worker=res["worker"], submitted=submitted,
-        started=res["started"], finished=time.time(), attempts=attempts,
+        started=res["started"], finished=time.time(), attempts=attempts, tried_on=tried,
+        environment=bool(res.get("environment")),
     )  # fmt: skip
 
 
@@ -224,7 +308,7 @@ class InProcessExecutor:
             if self._stopped:
                 return
             submitted = time.time()
-            yield _outcome(job, call_job(job.fn, job.args), submitted, 1)
+            yield _outcome(job, call_job(job.fn, job.args), submitted, 1, [])
 
 
 # -- local worker processes ----------------------------------------------------------------------
@@ -253,8 +337,8 @@ def assign_devices(
         runs_per_device: the most workers one GPU may hold (``--runs-per-device``).
 
     Raises:
-        ExecutorError: ``devices`` names a GPU that is not visible, or more workers than
-            ``len(devices) x runs_per_device``.
+        ExecutorError: ``devices`` names a GPU that is not visible, more workers than GPUs
+            without ``runs_per_device``, or more than ``len(devices) x runs_per_device``.
     """
     gpus = visible_gpus()
     if devices is not None:
@@ -269,6 +353,13 @@ def assign_devices(
         gpus = [gpus[d] for d in devices]
     if not gpus:
         return [None] * workers
+    if runs_per_device is None and workers > len(gpus):
+        raise ExecutorError(
+            f"--jobs {workers} is more than the {len(gpus)} GPU(s) "
+            f"{'of --devices' if devices is not None else 'here'} ({','.join(gpus)}): "
+            f"{-(-workers // len(gpus))} workers would share a GPU; give --runs-per-device "
+            f"{-(-workers // len(gpus))} to allow that, or lower --jobs to {len(gpus)}"
+        )
     if runs_per_device is not None and workers > len(gpus) * runs_per_device:
         raise ExecutorError(
             f"--jobs {workers} needs more than {runs_per_device} run(s) a device on "
@@ -457,6 +548,7 @@ class LocalProcessExecutor:
 
         queue = deque(jobs)
         attempts: dict[str, int] = {}
+        tried: dict[str, list[str]] = {}
         try:
             for slot in slots:
                 start(slot)
@@ -470,6 +562,7 @@ class LocalProcessExecutor:
                             slot.conn.close()
                             start(slot)
                         slot.job, slot.submitted = job, time.time()
+                        tried.setdefault(job.key, []).append(f"local:{slot.proc.pid}")
                         slot.conn.send((job.fn, job.args))
                 busy = [s for s in slots if s.job is not None]
                 if not busy:
@@ -487,7 +580,7 @@ class LocalProcessExecutor:
                             res = None
                     if res is not None:
                         slot.job = None
-                        yield _outcome(job, res, slot.submitted, attempts[job.key])
+                        yield _outcome(job, res, slot.submitted, attempts[job.key], tried[job.key])
                     elif slot.proc.sentinel in ready or not slot.proc.is_alive():
                         slot.proc.join()
                         slot.job = None
@@ -508,7 +601,7 @@ class LocalProcessExecutor:
                                 f"while running it ({attempts[job.key]} attempt(s))",
                                 error_type="WorkerLost", worker=where,
                                 submitted=slot.submitted, finished=time.time(),
-                                attempts=attempts[job.key],
+                                attempts=attempts[job.key], tried_on=tried[job.key],
                             )  # fmt: skip
                         if queue and not self._stopped:
                             start(slot)  # a fresh worker on the same device
@@ -547,38 +640,96 @@ def task_resources(job: Job, workers: dict[str, Any]) -> dict[str, int] | None:
     return {"GPU": 1} if job.gpu and declared else None
 
 
+def _worker_code(
+    code: Callable[[], dict[str, Any]] | None, dask_worker: Any = None
+) -> dict[str, Any]:
+    """What a Dask worker reports before it gets runs: ``code()`` (its code's identity), its
+    host and its resources (``client.run`` passes ``dask_worker``)."""
+    state = getattr(dask_worker, "state", None)
+    resources = dict(getattr(state, "total_resources", None) or {})
+    return {**(code() if code else {}), "host": socket.gethostname(), "resources": resources}
+
+
 class DaskExecutor:
-    """Jobs as tasks on an existing Dask distributed cluster (``address``: its scheduler,
-    e.g. ``tcp://127.0.0.1:8786``). At most as many tasks are submitted as the workers have
-    threads, so a task starts when it is submitted (and :meth:`stop` leaves nothing queued).
-    Results come back to this process. A worker lost mid-task is survived by Dask itself (the
-    scheduler reschedules the task on another worker; one result); a task Dask gives up on
-    (``KilledWorker``) is submitted again up to ``retries`` times, then yielded as ``"lost"``.
+    """Jobs as tasks on a Dask distributed cluster (``address``: its scheduler, e.g.
+    ``tcp://127.0.0.1:8786``).
+
+    * **Slots now, and more as workers join.** As many tasks are in flight as the usable
+      workers have threads at that moment; the driver looks again whenever a task ends and
+      every ``poll`` seconds, so a worker joining after the start (dask-jobqueue, adaptive
+      scaling) gets runs at once, and :meth:`stop` leaves nothing queued.
+    * **Workers lost.** A worker lost mid-task is survived by Dask itself (the scheduler runs
+      the task again on another worker; one result) and :attr:`note` is told; a task Dask gives
+      up on (``KilledWorker``) is submitted again up to ``retries`` times, then yielded as
+      ``"lost"``. Every outcome carries its attempts and the workers they ran on (each
+      attempt's start is an ``eada-start`` event of the worker).
+    * **A bad node is avoided.** A job that fails for its worker's sake
+      (:class:`WorkerEnvironmentError`: its data are not there; eada or a plugin cannot be
+      imported there) is submitted again, restricted to the other workers, and that worker
+      gets no more jobs of the same :attr:`Job.group` (of any group when the job could not
+      even be unpickled there);
+      :attr:`avoided` lists them for the summary.
+    * **One code.** Every worker's eada version and git commit (``code``, a module-level
+      function run on each worker and here, e.g. :func:`eada.runs.code_identity`) are
+      compared with this process's: a worker with other code present at the start is an
+      :class:`ExecutorError` naming it, one joining later gets no jobs; with
+      ``allow_mixed_code`` both are used and listed in :attr:`mixed`.
+    * **Interrupted.** When the run ends early (a second Ctrl-C) the tasks in flight are
+      cancelled; a job checks :func:`task_cancelled` between epochs, so its worker is free
+      again within an epoch.
+
     A job with ``gpu=True`` asks for one ``GPU`` resource where the workers declare one
-    (``dask worker --resources GPU=1``, dask-cuda)."""
+    (``dask worker --resources GPU=1``, dask-cuda). ``wait_workers``: seconds to wait for a
+    first worker when there is none yet (``None``: fail at once).
+    """
 
     name = "dask"
 
-    def __init__(self, address: str, retries: int = 0, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        retries: int = 0,
+        timeout: float = 30.0,
+        *,
+        allow_mixed_code: bool = False,
+        wait_workers: float | None = None,
+        poll: float = 0.5,
+        note: Callable[[str], None] | None = None,
+        code: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.address = address
         self.retries = retries
         self.timeout = timeout
+        self.allow_mixed_code = allow_mixed_code
+        self.wait_workers = wait_workers
+        self.poll = poll
+        self.note = note
+        self.code = code
         self._stopped = False
         self.workers: list[str] = []
+        self.avoided: list[dict[str, Any]] = []
+        self.mixed: dict[str, dict[str, Any]] = {}
+        self.refused: dict[str, list[str]] = {}
+        self.lost: list[str] = []
 
     def stop(self) -> None:
         """Submit no more tasks; the running ones end."""
         self._stopped = True
 
+    def _say(self, line: str) -> None:
+        if self.note is not None:
+            self.note(line)
+
     def run(self, jobs: Sequence[Job]) -> Iterator[Outcome]:
         """Submit ``jobs`` to the cluster; yield each outcome as it finishes."""
         try:
-            from distributed import Client, as_completed
+            from distributed import Client
         except ImportError as err:  # pragma: no cover - the cluster extra is not installed
             raise ExecutorError(
                 "--dask needs the distributed package: pip install 'eada[cluster]'"
             ) from err
         import pickle
+        from queue import Empty, SimpleQueue
 
         from distributed.scheduler import KilledWorker
 
@@ -588,60 +739,309 @@ class DaskExecutor:
             client = Client(self.address, timeout=self.timeout, set_as_default=False)
         except OSError as err:
             raise ExecutorError(f"--dask {self.address}: no scheduler answered ({err})") from err
+        inflight: dict[Any, tuple[Job, float, Any]] = {}
         try:
-            info = client.scheduler_info()
-            self.workers = sorted(info.get("workers", {}))
-            workers = info.get("workers", {})
-            slots = max(1, sum(client.nthreads().values()))
+            mine = self.code() if self.code else {}
+            codes: dict[str, dict[str, Any]] = {}
+            banned: dict[str, set[str]] = {"*": set()}
+            starts: dict[str, list[str]] = {}
+            known: dict[str, int] = {}
+            env_failed: dict[str, dict[str, Any]] = {}
+
+            def on_start(event: Any) -> None:  # on the client's event loop
+                msg = event[1]
+                starts.setdefault(msg["key"], []).append(msg["worker"])
+
+            client.subscribe_topic("eada-start", on_start)
+
+            def refresh(first: bool = False) -> dict[str, int]:
+                nthreads = dict(client.nthreads())
+                new = [a for a in nthreads if a not in codes]
+                got = (
+                    client.run(_worker_code, self.code, workers=new, on_error="return")
+                    if new
+                    else {}
+                )
+                for a in new:
+                    c = got.get(a)
+                    if not isinstance(c, dict):  # it left before answering
+                        nthreads.pop(a, None)
+                        continue
+                    codes[a] = c
+                    diff = code_differences(mine, c)
+                    who = f"worker {a} (host {c['host']})"
+                    if diff and self.allow_mixed_code:
+                        self.mixed[a] = c
+                        self._say(f"{who} runs other code ({', '.join(diff)}): used, recorded")
+                    elif diff and first:
+                        raise ExecutorError(
+                            f"{who} runs other code than this driver ({', '.join(diff)}): "
+                            "install the same eada there, or pass --allow-mixed-code"
+                        )
+                    elif diff:
+                        banned["*"].add(a)
+                        self.refused[a] = diff
+                        self._say(f"{who} joined with other code ({', '.join(diff)}): no runs")
+                    elif not first:
+                        self._say(f"{who} joined: {nthreads[a]} more slot(s)")
+                for a in [a for a in known if a not in nthreads]:
+                    self.lost.append(a)
+                    hit = [j.label or j.key for j, _, _ in inflight.values()
+                           if starts.get(j.key, [None])[-1] == a]  # fmt: skip
+                    host = codes.get(a, {}).get("host", "?")
+                    self._say(
+                        f"worker {a} (host {host}) lost"
+                        + (f" while running {'; '.join(hit)}: Dask runs it again" if hit else "")
+                    )
+                known.clear()
+                known.update(nthreads)
+                self.workers = sorted(nthreads)
+                return nthreads
+
+            if not client.nthreads() and self.wait_workers:
+                self._say(f"waiting up to {self.wait_workers:.0f} s for a first Dask worker")
+                try:
+                    client.wait_for_workers(1, timeout=self.wait_workers)
+                except TimeoutError as err:
+                    raise ExecutorError(
+                        f"--dask {self.address}: no worker joined in {self.wait_workers:.0f} s"
+                    ) from err
+            nthreads = refresh(first=True)
             queue = deque(jobs)
             attempts: dict[str, int] = {}
-            inflight: dict[Any, tuple[Job, float]] = {}
-            done = as_completed(loop=client.loop)
+            finished: SimpleQueue[Any] = SimpleQueue()  # futures as they end
 
-            def submit_more() -> None:
+            def allowed(job: Job) -> list[str] | None:
+                bad = banned["*"] | banned.get(job.group, set())
+                return None if not bad else [a for a in nthreads if a not in bad]
+
+            def lost_or_failed(job: Job, submitted: float) -> Outcome | None:
+                """The outcome of a job no usable worker is left for (else ``None``)."""
+                res = env_failed.get(job.key)
+                if res is None:
+                    return Outcome(
+                        job, "failed", error="no worker with this driver's code to run it",
+                        error_type="NoWorker", submitted=submitted, finished=time.time(),
+                        attempts=attempts.get(job.key, 0), tried_on=starts.get(job.key, []),
+                    )  # fmt: skip
+                out = _outcome(job, res, submitted, attempts[job.key], starts.get(job.key, []))
+                out.error = f"{out.error}; no other worker to run it"
+                return out
+
+            while True:
+                slots = sum(n for a, n in nthreads.items() if a not in banned["*"])
                 while queue and len(inflight) < slots and not self._stopped:
                     job = queue.popleft()
+                    where = allowed(job)
+                    if where is not None and not where:
+                        dead = lost_or_failed(job, time.time())
+                        if dead is not None:
+                            yield dead
+                        continue
                     attempts[job.key] = attempts.get(job.key, 0) + 1
-                    resources = task_resources(job, workers)
                     blob = pickle.dumps((job.fn, job.args))
-                    fut = client.submit(call_pickled, blob, pure=False, resources=resources)
-                    inflight[fut.key] = (job, time.time())
-                    done.add(fut)
-
-            submit_more()
-            for fut in done:
-                job, submitted = inflight.pop(fut.key)
-                try:
-                    res = fut.result()
-                except KilledWorker as err:
-                    if attempts[job.key] <= self.retries:
-                        queue.appendleft(job)
-                    else:
-                        yield Outcome(
-                            job, "lost", error=f"Dask gave the task up: {err}",
-                            error_type="KilledWorker", submitted=submitted,
-                            finished=time.time(), attempts=attempts[job.key],
-                        )  # fmt: skip
-                except Exception as err:  # the task never ran its function (e.g. unpickling)
-                    yield Outcome(
-                        job, "failed", error=str(err) or type(err).__name__,
-                        error_type=type(err).__name__, submitted=submitted,
-                        finished=time.time(), attempts=attempts[job.key],
+                    fut = client.submit(
+                        call_pickled, blob, job.key, pure=False,
+                        resources=task_resources(job, codes),
+                        workers=where, allow_other_workers=False,
                     )  # fmt: skip
-                else:
-                    yield _outcome(job, res, submitted, attempts[job.key])
-                fut.release()
-                submit_more()
+                    inflight[fut.key] = (job, time.time(), fut)
+                    fut.add_done_callback(finished.put)
+                if not inflight:
+                    if not queue or self._stopped:
+                        return
+                    time.sleep(self.poll)  # no usable slot now: wait for a worker
+                    nthreads = refresh()
+                    continue
+                try:
+                    ended = [finished.get(timeout=self.poll)]
+                    while not finished.empty():
+                        ended.append(finished.get_nowait())
+                except Empty:
+                    ended = []
+                for fut in ended:
+                    job, submitted, _ = inflight.pop(fut.key)
+                    tried = starts.get(job.key, [])
+                    n = max(attempts[job.key], len(tried))
+                    try:
+                        res = fut.result()
+                    except KilledWorker as err:
+                        if attempts[job.key] <= self.retries:
+                            queue.appendleft(job)
+                        else:
+                            yield Outcome(
+                                job, "lost", error=f"Dask gave the task up: {err}",
+                                error_type="KilledWorker", submitted=submitted,
+                                finished=time.time(), attempts=n, tried_on=tried,
+                            )  # fmt: skip
+                    except Exception as err:  # the task never ran its function
+                        yield Outcome(
+                            job, "failed", error=str(err) or type(err).__name__,
+                            error_type=type(err).__name__, submitted=submitted,
+                            finished=time.time(), attempts=n, tried_on=tried,
+                        )  # fmt: skip
+                    else:
+                        if not res["ok"] and res.get("environment"):
+                            w = res["worker"]
+                            group = "*" if res.get("any_group") else job.group
+                            banned.setdefault(group, set()).add(w["address"])
+                            self.avoided.append(
+                                {"worker": w["address"], "host": w["host"],
+                                 "group": job.group if group != "*" else "*",
+                                 "error": res["error"]}
+                            )  # fmt: skip
+                            self._say(
+                                f"worker {w['address']} (host {w['host']}) cannot run "
+                                f"{job.label or job.key}: {res['error']}; it gets no more runs"
+                                + (" of that data set" if group != "*" else "")
+                            )
+                            env_failed[job.key] = res
+                            queue.appendleft(job)  # elsewhere (or failed when nowhere)
+                        else:
+                            yield _outcome(job, res, submitted, n, tried)
+                    fut.release()
+                nthreads = refresh()
         finally:
+            if inflight:  # interrupted: free the workers (a job stops at its next epoch)
+                try:
+                    client.cancel([f for _, _, f in inflight.values()], force=True)
+                except Exception:  # the client may be gone already
+                    pass
             client.close()
+
+
+@dataclass
+class SlurmOptions:
+    """The Slurm jobs of ``eada bench --slurm`` (each job: one Dask worker).
+
+    Attributes:
+        partition: ``sbatch -p`` (``None``: the site's default).
+        account: ``sbatch -A``.
+        gpus: GPUs a job (``--gres=gpu:N``; the worker declares ``GPU=N``, one GPU run at a
+            time a GPU).
+        cpus: CPU cores a job (``--cpus-per-task``); the worker runs ``max(1, gpus)`` runs at
+            a time, each with ``cpus // runs`` threads.
+        memory: memory a job, e.g. ``"32GB"``.
+        walltime: ``sbatch -t``, e.g. ``"04:00:00"``.
+        jobs: jobs started at once (``cluster.scale(jobs=N)``).
+        adapt: ``(min, max)`` jobs for Dask's adaptive scaling instead of a fixed count.
+        interface: the network interface the scheduler (in this process) and the workers
+            listen on (e.g. ``ib0``; ``lo`` on one machine); ``None``: dask-jobqueue's default.
+        wait: seconds to wait for the first worker (a job still queued).
+        python: the worker's Python (default: this one's, for a shared file system).
+        prologue: shell lines a job runs before its worker (``module load ...``).
+    """
+
+    partition: str | None = None
+    account: str | None = None
+    gpus: int = 0
+    cpus: int = 1
+    memory: str = "8GB"
+    walltime: str = "01:00:00"
+    jobs: int = 1
+    adapt: tuple[int, int] | None = None
+    interface: str | None = None
+    wait: float = 3600.0
+    python: str | None = None
+    prologue: tuple[str, ...] = ()
+
+    def check(self) -> None:
+        """Raise :class:`ExecutorError` for a count that cannot be."""
+        if self.gpus < 0 or self.cpus < 1 or self.jobs < 1:
+            raise ExecutorError(
+                f"--slurm-gpus {self.gpus}, --slurm-cpus {self.cpus}, --slurm-jobs {self.jobs}: "
+                "give GPUs >= 0, CPUs >= 1, jobs >= 1"
+            )
+        if self.adapt is not None and not 0 <= self.adapt[0] <= self.adapt[1]:
+            raise ExecutorError(f"--slurm-adapt {self.adapt[0]}:{self.adapt[1]}: need MIN <= MAX")
+
+
+def parse_adapt(text: str) -> tuple[int, int]:
+    """``"MIN:MAX"`` -> ``(min, max)`` (``--slurm-adapt 0:16``).
+
+    >>> parse_adapt("1:8")
+    (1, 8)
+    """
+    lo, sep, hi = text.partition(":")
+    try:
+        out = (int(lo), int(hi))
+    except ValueError:
+        out = (-1, -1)
+    if not sep or not 0 <= out[0] <= out[1] or out[1] < 1:
+        raise ExecutorError(f"--slurm-adapt {text!r}: give MIN:MAX jobs, e.g. 0:16")
+    return out
+
+
+def slurm_cluster(opts: SlurmOptions) -> Any:
+    """A dask-jobqueue ``SLURMCluster`` of ``opts`` (its scheduler in this process), its jobs
+    submitted (``scale`` or ``adapt``). ``cluster.close()`` cancels them (``scancel``).
+
+    The scheduler's HTTP server (dashboard, metrics) listens on 127.0.0.1 only, the workers
+    open no dashboard, and Dask's sampling profiler is off on them (:data:`WORKER_ENV`).
+
+    Raises:
+        ExecutorError: dask-jobqueue is not installed, or a count that cannot be.
+    """
+    opts.check()
+    try:
+        from dask_jobqueue import SLURMCluster
+    except ImportError as err:  # pragma: no cover - the cluster extra is not installed
+        raise ExecutorError("--slurm needs dask-jobqueue: pip install 'eada[cluster]'") from err
+    runs = max(1, opts.gpus)
+    threads = max(1, opts.cpus // runs)
+    prologue = [
+        *opts.prologue,
+        *(f"export {k}={v}" for k, v in WORKER_ENV.items()),
+        *(f"export {k}={threads}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")),
+    ]
+    extra = ["--no-dashboard"]
+    if opts.gpus:
+        extra += ["--resources", f"GPU={opts.gpus}"]
+    cluster = SLURMCluster(
+        queue=opts.partition,
+        account=opts.account,
+        cores=runs,
+        job_cpu=opts.cpus,
+        processes=1,
+        memory=opts.memory,
+        walltime=opts.walltime,
+        interface=opts.interface,
+        python=opts.python or sys.executable,
+        job_extra_directives=[f"--gres=gpu:{opts.gpus}"] if opts.gpus else [],
+        worker_extra_args=extra,
+        job_script_prologue=prologue,
+        scheduler_options={"dashboard_address": "127.0.0.1:0", "dashboard": False},
+        silence_logs="error",
+    )
+    try:
+        if opts.adapt is not None:
+            cluster.adapt(minimum_jobs=opts.adapt[0], maximum_jobs=opts.adapt[1])
+        else:
+            cluster.scale(jobs=opts.jobs)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+#: what the workers of :class:`LoopbackCluster` (and of ``--slurm``) get in their environment:
+#: no daemonic task threads, and Dask's sampling profiler off (it samples every thread's stack
+#: every 10 ms: a quarter of a core a worker on a busy machine, for a flame graph no grid needs;
+#: a lab's own workers: ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False``)
+WORKER_ENV = {
+    "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+}
 
 
 class LoopbackCluster:
     """A Dask cluster on this machine for tests and benchmarks: ``dask scheduler`` and
     ``workers`` x ``dask worker --no-nanny`` as separate processes, every port on 127.0.0.1
-    (free ports chosen by the system, no dashboard), stopped by their process ids.
-    ``preload``: modules each worker imports before it joins (``dask worker --preload``), so
-    the first task does not pay for them.
+    (free ports chosen by the system, no dashboard, Dask's sampling profiler off: see
+    :data:`WORKER_ENV`), stopped by their process ids. ``preload``: modules each worker imports
+    before it joins (``dask worker --preload``), so the first task does not pay for them.
+    ``worker_folders``: each worker's working folder (default: this process's), as workers on
+    other machines start where their user is. :meth:`add_worker` starts one more later.
 
     Example::
 
@@ -660,14 +1060,19 @@ class LoopbackCluster:
         folder: str | None = None,
         timeout: float = 120,
         preload: Sequence[str] = (),
+        worker_folders: Sequence[str] | None = None,
     ) -> None:
         self.n_workers, self.threads, self.timeout = workers, threads, timeout
         self.preload = tuple(preload)
         self.folder = folder
+        self.worker_folders = list(worker_folders or [])
         self.address = ""
         self.scheduler: Any = None
         self.workers: dict[str, Any] = {}
         self._procs: list[Any] = []
+        self._env: dict[str, str] = {}
+        self._count = 0
+        self._own_folder = False
 
     def start(self) -> LoopbackCluster:
         """Start the scheduler and the workers; return when every worker has joined."""
@@ -675,16 +1080,17 @@ class LoopbackCluster:
         import subprocess
         import tempfile
 
+        self._own_folder = self.folder is None
         folder = self.folder or tempfile.mkdtemp(prefix="eada-dask-")
         os.makedirs(folder, exist_ok=True)
-        self._tmp = None if self.folder else folder
+        self.folder = folder
         sched_file = os.path.join(folder, "scheduler.json")
-        env = {
+        self._env = env = {
             **os.environ,
             "OMP_NUM_THREADS": str(self.threads),
             "MKL_NUM_THREADS": str(self.threads),
             "OPENBLAS_NUM_THREADS": str(self.threads),
-            "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+            **WORKER_ENV,
         }
         dask = [sys.executable, "-m", "dask", "scheduler"]  # the `dask scheduler` command
         log = open(os.path.join(folder, "scheduler.log"), "wb")
@@ -702,28 +1108,65 @@ class LoopbackCluster:
             time.sleep(0.05)
         time.sleep(0.05)
         self.address = json.loads(open(sched_file).read())["address"]
-        worker = [sys.executable, "-m", "dask", "worker"]
-        procs = []
-        for i in range(self.n_workers):
-            wlog = open(os.path.join(folder, f"worker{i}.log"), "wb")
-            p = subprocess.Popen(
-                [*worker, self.address, "--host", "127.0.0.1", "--no-nanny", "--nthreads",
-                 str(self.threads), "--no-dashboard", "--memory-limit", "0",
-                 "--name", f"w{i}", *(a for m in self.preload for a in ("--preload", m))],
-                env=env, stdout=wlog, stderr=subprocess.STDOUT, cwd=os.getcwd(),
-            )  # fmt: skip
-            self._procs.append((p, wlog))
-            procs.append(p)
+        procs = [
+            self._spawn(self.worker_folders[i] if i < len(self.worker_folders) else None)
+            for i in range(self.n_workers)
+        ]
+        try:
+            self._register(procs)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, cwd: str | None, env: dict[str, str] | None = None) -> Any:
+        import subprocess
+
+        assert self.folder is not None
+        i = self._count
+        self._count += 1
+        wlog = open(os.path.join(self.folder, f"worker{i}.log"), "wb")
+        p = subprocess.Popen(
+            [sys.executable, "-m", "dask", "worker", self.address, "--host", "127.0.0.1",
+             "--no-nanny", "--nthreads", str(self.threads), "--no-dashboard",
+             "--memory-limit", "0", "--name", f"w{i}",
+             *(a for m in self.preload for a in ("--preload", m))],
+            env={**self._env, **(env or {})}, stdout=wlog, stderr=subprocess.STDOUT,
+            cwd=cwd or os.getcwd(),
+        )  # fmt: skip
+        self._procs.append((p, wlog))
+        return p
+
+    def _register(self, procs: list[Any]) -> list[str]:
+        """Wait until each of ``procs`` has joined the scheduler; their addresses."""
         from distributed import Client
 
+        deadline = time.time() + self.timeout
         with Client(self.address, timeout=self.timeout, set_as_default=False) as client:
-            client.wait_for_workers(self.n_workers, timeout=self.timeout)
-            info = client.scheduler_info()["workers"]
-            pids = {w["pid"]: addr for addr, w in info.items() if "pid" in w}
-            if len(pids) != self.n_workers:  # older schedulers: ask the workers
-                pids = {v: k for k, v in client.run(os.getpid).items()}
-        self.workers = {pids[p.pid]: p for p in procs}
-        return self
+            while True:
+                info = client.scheduler_info(n_workers=-1)["workers"]
+                pids = {w.get("pid"): addr for addr, w in info.items()}
+                if not all(p.pid in pids for p in procs) and info:  # not in the info: ask
+                    pids = {v: k for k, v in client.run(os.getpid, on_error="ignore").items()}
+                if all(p.pid in pids for p in procs):
+                    break
+                dead = [p for p in procs if p.poll() is not None]
+                if dead or time.time() > deadline:
+                    logs = f"{self.folder}/worker*.log"
+                    raise RuntimeError(
+                        f"a dask worker did not join in {self.timeout:.0f} s (see {logs}; "
+                        f"exit codes {[p.poll() for p in procs]})"
+                    )
+                time.sleep(0.05)
+        added = [pids[p.pid] for p in procs]
+        self.workers.update(zip(added, procs, strict=True))
+        return added
+
+    def add_worker(self, folder: str | None = None, env: dict[str, str] | None = None) -> str:
+        """Start one more worker (in ``folder``, with ``env`` added to its environment); its
+        address once it has joined."""
+        proc = self._spawn(folder, env)
+        return self._register([proc])[0]
 
     def kill_worker(self, address: str) -> None:
         """SIGKILL one worker (a worker lost mid-run)."""
@@ -746,9 +1189,8 @@ class LoopbackCluster:
                     proc.wait()
             log.close()
         self._procs.clear()
-        tmp = getattr(self, "_tmp", None)
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if self._own_folder and self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> LoopbackCluster:
         return self.start()

@@ -51,6 +51,24 @@ def git_commit(path: Path | None = None) -> dict[str, Any]:
     return {"commit": None, "dirty": None}
 
 
+_CODE: dict[str, Any] = {}
+
+
+def code_identity() -> dict[str, Any]:
+    """The code this process runs: ``{"eada": version, "commit": the git commit of the eada
+    package's own source tree, "dirty"}`` (not the working folder's repository; once per
+    process). A Dask grid's driver compares each worker's with its own, and each record keeps
+    its worker's."""
+    if not _CODE:
+        try:
+            version: str | None = metadata.version("eada")
+        except metadata.PackageNotFoundError:
+            version = None
+        git = git_commit(Path(__file__).resolve().parent)
+        _CODE.update(eada=version, commit=git["commit"], dirty=git["dirty"])
+    return dict(_CODE)
+
+
 def environment_info() -> dict[str, Any]:
     """Versions and machine facts to store beside results."""
     import numpy as np
@@ -337,6 +355,64 @@ def staged_folder(out: Path) -> Iterator[Path]:
         if isinstance(err, OSError):
             raise named(err, out) from None
         raise
+
+
+class FolderInUseError(ValueError):
+    """A run folder another process holds (:func:`folder_lock`)."""
+
+
+#: the lock file of a folder a grid writes into (``eada bench --out``)
+LOCK_NAME = ".eada.lock"
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str = "eada bench") -> Iterator[None]:
+    """Hold ``folder``'s lock (an OS file lock on ``folder/.eada.lock``, ``flock``) while the
+    block runs, so that one process at a time writes a grid's ``runs.jsonl``. The lock goes
+    with its process (a killed one leaves nothing to clean up); the file names its holder's
+    host, PID and start time, for the message a second process gets. Where the OS has no
+    ``flock`` (Windows) nothing is locked.
+
+    Raises:
+        FolderInUseError: another process holds the lock (its host and PID named).
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    import socket
+
+    path = folder / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise named(err, path) from None
+            holder = os.pread(fd, 4096, 0).decode(errors="replace")
+            try:
+                info = json.loads(holder)
+                who = f"{info['what']} on host {info['host']}, PID {info['pid']}, since "
+                who += str(info["since"])
+            except (ValueError, KeyError, TypeError):
+                who = "another process"
+            raise FolderInUseError(
+                f"{folder} is in use by {who}: one grid at a time writes a folder; wait for "
+                "it to end, or use another --out"
+            ) from None
+        stamp = {
+            "what": what,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(stamp).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def append_jsonl(path: Path, obj: Any) -> None:

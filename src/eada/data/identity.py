@@ -17,11 +17,21 @@ configs over the same files hashes each file once.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from eada.config import DataConfig, DigitsData, FeatureData, ImageListData, ModelConfig
+from eada.config import (
+    DATA_PATH_KEYS,
+    ConfigError,
+    DataConfig,
+    DigitsData,
+    FeatureData,
+    ImageListData,
+    ModelConfig,
+)
+from eada.executors import WorkerEnvironmentError
 from eada.runs import sha256_file
 
 #: ``(resolved path, size, mtime_ns) -> sha256``: files hashed by this process
@@ -148,6 +158,132 @@ def data_inputs(data: DataConfig, model: ModelConfig | None = None) -> dict[str,
     return out
 
 
+# -- data paths that travel to other machines (``eada bench --dask``) ---------------------------
+#: the ``data`` keys a run reads its inputs from (not its caches: each worker keeps its own)
+INPUT_PATH_KEYS = tuple(k for k in DATA_PATH_KEYS if not k.endswith("cache_dir"))
+
+#: the environment variable of a worker's own prefix rewrites (``OLD=NEW``, ``os.pathsep``
+#: between rules, e.g. ``/lab/data=/scratch/data``)
+DATA_MAP_ENV = "EADA_DATA_MAP"
+
+DataMap = list[tuple[str, str]]
+
+
+class DataMapError(ConfigError):
+    """A ``--data-map`` rule (or one of ``EADA_DATA_MAP``) that is not ``/OLD=/NEW``."""
+
+
+class DataNotOnWorkerError(WorkerEnvironmentError):
+    """A run's data are not where its worker looks for them: the worker's fault, not the
+    run's (the grid runs it elsewhere and gives that worker no more runs of that data set)."""
+
+
+def input_paths(data: DataConfig) -> dict[str, str]:
+    """``{key: absolute path}`` of every input path of a data config, made absolute against
+    this process's working folder (where :func:`eada.config.load_config` left a path that a
+    config file, named by a relative path, gave relative to its own folder).
+
+    >>> from eada.config import FeatureData
+    >>> p = input_paths(FeatureData(source="/d/s.npz", target="t.npz"))
+    >>> p["source"], p["target"] == os.path.abspath("t.npz")
+    ('/d/s.npz', True)
+    """
+    if data.kind == "toy":
+        return {}
+    keys = ("root",) if data.kind == "digits" else INPUT_PATH_KEYS
+    out = {}
+    for key in keys:
+        value = getattr(data, key, None)
+        if value is not None:
+            out[key] = os.path.abspath(value)
+    return out
+
+
+def parse_data_map(rules: Iterable[str], where: str = "--data-map") -> DataMap:
+    """``["/lab/data=/scratch/data", ...]`` -> ``[(old, new), ...]`` (both absolute,
+    normalised).
+
+    >>> parse_data_map(["/lab/data/=/scratch/d"])
+    [('/lab/data', '/scratch/d')]
+
+    Raises:
+        DataMapError: a rule that is not ``/OLD=/NEW`` (named with ``where``).
+    """
+    out = []
+    for rule in rules:
+        old, sep, new = rule.partition("=")
+        if not sep or not os.path.isabs(old) or not os.path.isabs(new):
+            raise DataMapError(
+                f"{where} {rule!r}: give OLD=NEW, two absolute paths (the prefix the driver "
+                "sees and the one this worker has, e.g. /lab/data=/scratch/data)"
+            )
+        out.append((os.path.normpath(old), os.path.normpath(new)))
+    return out
+
+
+def map_path(path: str, rules: Sequence[tuple[str, str]]) -> str:
+    """``path`` with the prefix of the first rule that holds it rewritten (whole path
+    components only); unchanged where no rule applies.
+
+    >>> map_path("/lab/data/a/x.npz", [("/lab/data", "/scratch")])
+    '/scratch/a/x.npz'
+    >>> map_path("/lab/database/x.npz", [("/lab/data", "/scratch")])
+    '/lab/database/x.npz'
+    """
+    for old, new in rules:
+        if path == old:
+            return new
+        if path.startswith(old.rstrip("/") + "/"):
+            return new.rstrip("/") + "/" + path[len(old.rstrip("/")) + 1 :]
+    return path
+
+
+def worker_data_map(driver_rules: Sequence[tuple[str, str]] = ()) -> DataMap:
+    """The rules a worker applies, first match wins: its own ``EADA_DATA_MAP``, then its Dask
+    config's ``eada.data-map`` (a list of ``OLD=NEW``, e.g. in ``~/.config/dask/eada.yaml``;
+    read only inside a Dask worker), then the driver's ``--data-map``."""
+    own = [r for r in os.environ.get(DATA_MAP_ENV, "").split(os.pathsep) if r.strip()]
+    rules = parse_data_map(own, DATA_MAP_ENV)
+    import sys
+
+    if "dask" in sys.modules:  # a Dask worker: its config may name rules too
+        import dask
+
+        configured = dask.config.get("eada.data-map", default=None) or []
+        if isinstance(configured, str):
+            configured = [configured]
+        rules += parse_data_map(configured, "the Dask config's eada.data-map")
+    return [*rules, *driver_rules]
+
+
+def place_data(
+    data: DataConfig, paths: dict[str, str], driver_rules: Sequence[tuple[str, str]] = ()
+) -> tuple[DataConfig, dict[str, dict[str, str]]]:
+    """On a worker: ``data`` with the driver's absolute input paths (``paths``, from
+    :func:`input_paths`) rewritten by :func:`worker_data_map`, after checking every one is
+    there; and ``{key: {"driver", "worker"}}`` for the run's record.
+
+    Raises:
+        DataNotOnWorkerError: naming each path missing here, the driver's path it came from
+            and how to map it.
+    """
+    rules = worker_data_map(driver_rules)
+    placed = {k: {"driver": p, "worker": map_path(p, rules)} for k, p in paths.items()}
+    missing = [(k, v) for k, v in placed.items() if not os.path.exists(v["worker"])]
+    if missing:
+        what = "; ".join(
+            f"data.{k}: {v['worker']}"
+            + (f" (mapped from the driver's {v['driver']})" if v["worker"] != v["driver"] else "")
+            for k, v in missing
+        )
+        raise DataNotOnWorkerError(
+            f"data not on this worker: {what}; give the worker the data, or map the driver's "
+            f"paths to where they are here (--data-map OLD=NEW, or {DATA_MAP_ENV} on the worker)"
+        )
+    update = {k: Path(v["worker"]) for k, v in placed.items()}
+    return data.model_copy(update=update), placed
+
+
 def clear_cache() -> None:
     """Forget the digests hashed so far (tests)."""
     _DIGESTS.clear()
@@ -160,4 +296,9 @@ __all__ = [
     "file_entry",
     "files_identity",
     "image_domain_digest",
+    "input_paths",
+    "map_path",
+    "parse_data_map",
+    "place_data",
+    "worker_data_map",
 ]
