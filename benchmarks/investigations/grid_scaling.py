@@ -9,17 +9,21 @@ with a few epochs), run in ONE invocation of this script, each mode into its own
   ``dask scheduler`` + 2 ``dask worker --no-nanny`` processes; its start-up is timed apart).
 
 Every run uses one thread. Reported: each mode's wall time and its ratio to ``--jobs 1``, the
-median submit-to-start time of a run (how long a submitted run waits before its worker starts
-it: the executor's own overhead, runs never queue because at most one run a worker is in
-flight), whether the three grids recorded the same accuracies run for run, and the machine's
-load average before and after. Then one ``eada run`` of one pair, 1 process against a 2-process
-``torchrun`` (gloo; ``train.batch_size`` 16 a process, so the global batch stays 32).
+mean time a run takes on its worker (``run_s_mean``) and Dask's against ``--jobs 2``'s
+(``dask_run_s_over_jobs2``: the per-run cost of Dask, measured side by side in one
+invocation; the Dask workers run without Dask's sampling profiler, as
+:class:`eada.executors.LoopbackCluster` starts them), the median submit-to-start time of a
+run (how long a submitted run waits before its worker starts it: the executor's own overhead,
+runs never queue because at most one run a worker is in flight), whether the three grids
+recorded the same accuracies run for run, and the machine's load average before and after.
+Then one ``eada run`` of one pair, 1 process against a 2-process ``torchrun`` (gloo;
+``train.batch_size`` 16 a process, so the global batch stays 32).
 
 Usage (repository root, ../shared/data beside it):
 
     python benchmarks/investigations/grid_scaling.py [--pairs C-A,A-W,...|all]
         [--methods source_only,random,eada]
-        [--seeds 0-1] [--epochs 4] [--out benchmarks/results/grid_scaling.json]
+        [--seeds 0-1] [--epochs 4] [--no-torchrun] [--out benchmarks/results/grid_scaling.json]
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ def time_grid(name: str, runs: list[bench.GridRun], out: Path, ex: Executor) -> 
         "failed": len(failed),
         "workers": sorted({r["worker"]["address"] for r in recs}),
         "run_s_sum": round(sum(runs_s), 2),
+        "run_s_mean": round(statistics.mean(runs_s), 3) if runs_s else None,
         "submit_to_start_median_s": round(statistics.median(s2s), 4) if s2s else None,
         "submit_to_start_max_s": round(max(s2s), 4) if s2s else None,
         "loadavg_before": [round(x, 2) for x in load0],
@@ -141,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--data", default="../shared/data/office_caltech10_surf")
     p.add_argument("--out", default="benchmarks/results/grid_scaling.json")
+    p.add_argument("--no-torchrun", action="store_true", help="skip the torchrun pair")
     args = p.parse_args(argv)
     set_threads(1)
     torch.set_num_threads(1)
@@ -169,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in modes:
         m["wall_ratio_to_jobs1"] = round(m["wall_s"] / base, 3)
     same = all(m["accuracy"] == modes[0]["accuracy"] for m in modes[1:])
+    per_run = {m["mode"]: m["run_s_mean"] for m in modes}
     for m in modes:
         del m["accuracy"]
     result = {
@@ -183,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         "threads_per_run": 1,
         "modes": modes,
         "identical_accuracies": same,
-        "torchrun": time_torchrun(tasks[0], work / "torchrun"),
+        "dask_run_s_over_jobs2": round(per_run["dask, 2 workers"] / per_run["--jobs 2"], 3),
+        "torchrun": None if args.no_torchrun else time_torchrun(tasks[0], work / "torchrun"),
         "machine": {k: env[k] for k in ("platform", "cpu_count", "torch", "eada", "git")},
         "time_utc": env["time_utc"],
         "command": " ".join(
@@ -191,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     write_json(Path(args.out), result)
-    print(json.dumps({k: result[k] for k in ("modes", "identical_accuracies", "torchrun")},
-                     indent=1))  # fmt: skip
+    keys = ("modes", "identical_accuracies", "dask_run_s_over_jobs2", "torchrun")
+    print(json.dumps({k: result[k] for k in keys}, indent=1))
     return 0
 
 
