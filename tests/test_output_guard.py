@@ -331,9 +331,11 @@ def test_configs_names_and_logs_table(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "dup.yaml").write_text("name: x\nseed: 7\nseed: 8\n")
     (tmp_path / "latin1.yaml").write_bytes(b"name: caf\xe9\n")
+    (tmp_path / "digits.yaml").write_text("name: x\nseed: " + "9" * 5001 + "\n")
     cases = [
         (["run", "dup.yaml"], "the key 'seed' is given twice; keep one at line 3"),
         (["run", "latin1.yaml"], "latin1.yaml is not UTF-8 text"),
+        (["run", "digits.yaml"], "digits.yaml: a value eada cannot read"),
         (["run", "toy", "--set", "optim={lr: 1, lr: 2}"], "the key 'lr' is given twice"),
         (["bench", "toy", "--out", "b", "--max-runs", "-1"], "--max-runs must be >= 0"),
         (["run", "toy", "--dry-run", "--set", "train.gamma=1e30"], "less than or equal to 1000"),

@@ -163,7 +163,15 @@ def load_model(path: str | Path) -> LoadedModel:
     for f in (meta_file, weights):
         if not f.is_file():
             raise FileNotFoundError(f"no exported model at {folder}: {f.name} missing")
-    meta = json.loads(meta_file.read_text())
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{meta_file}: not valid JSON ({err}); export the model again") from None
+    missing = [
+        k for k in ("sha256", "classes", "config") if not isinstance(meta, dict) or k not in meta
+    ]
+    if missing:
+        raise ValueError(f"{meta_file}: no {', '.join(missing)}; export the model again")
     if hashlib.sha256(weights.read_bytes()).hexdigest() != meta["sha256"]:
         raise ValueError(f"{weights} does not match the SHA-256 recorded in {meta_file}")
     if "input_shape" not in meta:

@@ -745,6 +745,8 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
         ) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {yaml_error_line(err)}") from None
+    except ValueError as err:  # a 5,001-digit integer: Python's int() limit
+        raise ConfigError(f"{path}: a value eada cannot read ({err})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} must hold a mapping of sections, got {type(raw).__name__}")
     return raw
@@ -769,6 +771,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ConfigError(
                 f"override {item!r}: the value is not valid YAML: {yaml_error_line(err)}"
             ) from None
+        except ValueError as err:  # a 5,001-digit integer: Python's int() limit
+            raise ConfigError(f"override {key}=...: a value eada cannot read ({err})") from None
     return raw
 
 

@@ -283,7 +283,7 @@ def is_segmentation_config(path: str | Path) -> bool:
         return False
     try:
         raw = safe_load_unique(p.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError):  # the config's reader names the problem
+    except (yaml.YAMLError, ValueError):  # the config's reader names the problem
         return False
     return isinstance(raw, dict) and raw.get("task") == "segmentation"
 
