@@ -723,7 +723,7 @@ def _grid_job(
 
         from eada.threads import set_threads
 
-        set_threads(threads)
+        set_threads(threads, local=False)  # the grid's count for its runs
         threadpool_limits(limits=threads)
     cbs: list[Any] | None = [_LabelAllTarget()] if run.method == "target_supervised" else None
     stats = DomainStatsRecorder(n_free_energy=BENCH_FREE_ENERGIES, seed=run.seed)

@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "threads", None) is not None:
             from eada.threads import set_threads
 
-            set_threads(args.threads)
+            set_threads(args.threads, local=command_name(args) != "bench")  # bench: workers' own
         if getattr(args, "plugin", None):  # --plugin: before the command reads any name
             from eada.plugins import load_plugins
 

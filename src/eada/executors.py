@@ -449,7 +449,7 @@ def _worker_main(conn: Any, threads: int, device: str | None) -> None:  # pragma
 
     from eada.threads import set_threads
 
-    set_threads(threads)
+    set_threads(threads, local=False)  # the count the grid was given, on this worker
     threadpool_limits(limits=threads)  # BLAS pools a forked worker inherits from the parent
     while True:
         try:

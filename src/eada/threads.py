@@ -61,13 +61,23 @@ def env_threads() -> int | None:
     return n if n >= 1 else None
 
 
-def check_threads(n: int) -> int:
+MAX_THREADS = 1024
+"""The most threads a count for other machines may name (``eada bench --threads`` for Dask or
+GPU workers): more than any machine's cores."""
+
+
+def check_threads(n: int, local: bool = True) -> int:
     """``n`` if it is a valid thread count (>= 1 and at most the cores this process may use,
     :func:`available_cores`: more only contend, and a huge count makes the native thread pools
     fail: ``--threads 100000`` was a segmentation fault), else a ``ValueError`` naming it and
-    the limit."""
+    the limit. ``local=False``: a count for workers that may run elsewhere (``eada bench``),
+    bounded by :data:`MAX_THREADS` only."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"--threads must be an integer >= 1, got {n!r}")
+    if not local:
+        if n > MAX_THREADS:
+            raise ValueError(f"--threads {n} is more than {MAX_THREADS}; give a core count")
+        return n
     cores = available_cores()
     if n > cores:
         raise ValueError(
@@ -77,19 +87,20 @@ def check_threads(n: int) -> int:
     return n
 
 
-def set_threads(n: int | None) -> None:
+def set_threads(n: int | None, local: bool = True) -> None:
     """Fix the thread count of this process (``None``: choose per model, see the module doc).
 
     Applies it to torch at once where torch is imported; otherwise it sets
     ``OMP_NUM_THREADS``, which torch reads when it is imported, so a command that never needs
     torch (``eada predict`` on ONNX Runtime) does not import it for this. :func:`blas_limits`
-    and :func:`configure_for_model` use it.
+    and :func:`configure_for_model` use it. ``local``: :func:`check_threads`'s bound (``False``
+    for a count its workers use, which may run elsewhere).
     """
     global _requested, _applied, _source
     if n is None:
         _requested = None
         return
-    _requested = check_threads(n)
+    _requested = check_threads(n, local)
     _source = "--threads"
     torch = sys.modules.get("torch")
     if torch is not None:
