@@ -36,10 +36,10 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# the tests on two pytest-xdist workers (a shared set-up, Label Studio or the docs site, stays on
-# one of them: tests/conftest.py), the 20 slowest printed, the site `make docs` just built read
-# instead of built again; `make test PYTEST_ARGS=` runs them in one process
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+# the tests on two pytest-xdist workers, the 20 slowest printed, the site `make docs` just built
+# read instead of built again (EADA_DOCS_SITE; without it the first worker builds it, under a
+# lock, for both: tests/conftest.py); `make test PYTEST_ARGS=` runs them in one process
+PYTEST_ARGS ?= -n 2
 test: lint docs
 	EADA_DOCS_SITE=site $(BIN)/python -m pytest -ra --durations=20 $(PYTEST_ARGS)
 

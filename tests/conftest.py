@@ -32,23 +32,6 @@ def digits_root() -> Path:
     return real_data("digits")
 
 
-#: Session-wide set-ups, each shared by the tests of one group: under pytest-xdist
-#: (``-n 2 --dist loadgroup``, the Makefile's) a group runs on one worker, so each is set up
-#: once a run, not once a worker.
-SHARED_SETUPS = {"label_studio": "label-studio", "docs_site": "docs-site"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test that uses a shared set-up (:data:`SHARED_SETUPS`) with its xdist group."""
-    for item in items:
-        names = getattr(item, "fixturenames", ())
-        for fixture, group in SHARED_SETUPS.items():
-            if fixture in names:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
-
-
 @pytest.fixture(autouse=True)
 def _forget_thread_flag() -> Iterator[None]:
     """A test that runs ``eada ... --threads N`` in this process leaves the flag set in
