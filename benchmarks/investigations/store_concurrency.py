@@ -11,7 +11,7 @@ Scenarios, each ``--trials`` times on a fresh toy project:
 Counted: trials with two labels in force for a sample, with two rounds, with a checkpoint file
 no row records, and the exit codes / outcomes.
 
-    OMP_NUM_THREADS=1 python benchmarks/store_concurrency.py --trials 10 \\
+    OMP_NUM_THREADS=1 python benchmarks/investigations/store_concurrency.py --trials 10 \\
         --out benchmarks/results/store_concurrency.json
 """
 

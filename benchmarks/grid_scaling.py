@@ -21,7 +21,7 @@ Then one ``eada run`` of one pair, 1 process against a 2-process ``torchrun`` (g
 
 Usage (repository root, ../shared/data beside it):
 
-    python benchmarks/investigations/grid_scaling.py [--pairs C-A,A-W,...|all]
+    python benchmarks/grid_scaling.py [--pairs C-A,A-W,...|all]
         [--methods source_only,random,eada]
         [--seeds 0-1] [--epochs 4] [--no-torchrun] [--out benchmarks/results/grid_scaling.json]
 """
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {k: env[k] for k in ("platform", "cpu_count", "torch", "eada", "git")},
         "time_utc": env["time_utc"],
         "command": " ".join(
-            ["python", "benchmarks/investigations/grid_scaling.py", *(argv or sys.argv[1:])]
+            ["python", "benchmarks/grid_scaling.py", *(argv or sys.argv[1:])]
         ),
     }
     write_json(Path(args.out), result)
