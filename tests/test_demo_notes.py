@@ -56,6 +56,8 @@ def test_the_notes_follow_the_numbers_not_a_fixed_text() -> None:
     _set_errors(r, "eada", [1.0, 1.2, 0.8, 1.1, 0.9, 1.0, 1.0, 1.3, 0.7, 1.0])  # as the paper's
     _set_errors(r, "badge", [4.0, 4.4, 4.2, 4.1, 4.3, 4.2, 4.2, 4.0, 4.4, 4.2])
     _set_errors(r, "random", [8.0, 9.0, 8.5, 8.7, 8.4, 8.5, 8.6, 8.4, 8.5, 8.4])
+    for s in r["strategies"].values():
+        s["warnings"] = [[] for _ in s["errors"]]  # and no training warning
     assert not any(n.startswith(("EADA", "Random", "BADGE")) for n in demo_notes(r))
 
     r = _record()
@@ -104,3 +106,22 @@ def test_eada_demo_prints_the_notes_below_its_table(
     note = out.index("note: EADA's error (")
     assert table_end < note < out.index("results: ")
     assert out.count("note: ") == len(demo_notes(_record()))
+
+
+def test_the_training_warnings_make_one_note_a_method() -> None:
+    r = _record()
+    notes = demo_notes(r)
+    # the committed run: the paper's L_fea drifts on every seed (so does its paired ablation,
+    # whose Delta the drift check watches too); one line each, not one a run
+    assert (
+        "EADA's training warned (alignment_drift) on every seed; each message is in runs.jsonl "
+        "(docs/results/drift-warning.md)." in notes
+    )
+    r["strategies"]["eada"]["warnings"][3] = []
+    assert any(
+        n.startswith("EADA's training warned (alignment_drift) on 9 of 10 seeds (0, 1, 2, 4,")
+        for n in demo_notes(r)
+    )
+    for s in r["strategies"].values():
+        s["warnings"] = [[] for _ in s["errors"]]
+    assert not any("warned" in n for n in demo_notes(r))

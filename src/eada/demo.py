@@ -399,9 +399,13 @@ def demo_notes(results: dict[str, Any]) -> list[str]:
         hit = [k for k, w in enumerate(kinds) if w]
         if hit:
             names = sorted({n for k in hit for n in kinds[k]})
+            where = (
+                "every seed"
+                if len(hit) == len(kinds)
+                else f"{len(hit)} of {len(kinds)} seeds ({', '.join(str(seeds[k]) for k in hit)})"
+            )
             notes.append(
-                f"{s['label']}'s training warned ({', '.join(names)}) on {len(hit)} of "
-                f"{len(kinds)} seeds: {', '.join(str(seeds[k]) for k in hit)} (each message in "
-                "runs.jsonl; docs/results/drift-warning.md)."
+                f"{s['label']}'s training warned ({', '.join(names)}) on {where}; each message is "
+                "in runs.jsonl (docs/results/drift-warning.md)."
             )
     return notes
