@@ -194,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         "torchrun": None if args.no_torchrun else time_torchrun(tasks[0], work / "torchrun"),
         "machine": {k: env[k] for k in ("platform", "cpu_count", "torch", "eada", "git")},
         "time_utc": env["time_utc"],
-        "command": " ".join(
-            ["python", "benchmarks/grid_scaling.py", *(argv or sys.argv[1:])]
-        ),
+        "command": " ".join(["python", "benchmarks/grid_scaling.py", *(argv or sys.argv[1:])]),
     }
     write_json(Path(args.out), result)
     keys = ("modes", "identical_accuracies", "dask_run_s_over_jobs2", "torchrun")
