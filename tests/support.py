@@ -56,6 +56,12 @@ def toy_overrides(budget: int = 5) -> list[str]:
     ]
 
 
+def round1_ids(proj: Project) -> list[int]:
+    """The sample ids of a project's first round, in its export's order (``round-001.csv``)."""
+    with open(proj.folder / "exports" / "round-001.csv", newline="") as fh:
+        return [int(r["sample_id"]) for r in csv.DictReader(fh)]
+
+
 def truth_rows(proj: Project, csv_path: str | Path) -> list[dict[str, Any]]:
     """The rows of a round's export CSV with each sample's true class name as its ``label``
     (a simulated annotator who is always right)."""

@@ -14,17 +14,12 @@ import pytest
 from eada.cli import main
 from eada.store import Project
 from support import flat as _flat
-from support import toy_project
+from support import round1_ids, toy_project
 
 
 @pytest.fixture
 def proj(tmp_path: Path) -> Project:
     return toy_project(tmp_path, 6)
-
-
-def _ids(p: Project) -> list[int]:
-    with open(p.folder / "exports" / "round-001.csv", newline="") as fh:
-        return [int(r["sample_id"]) for r in csv.DictReader(fh)]
 
 
 def _csv(path: Path, rows: list[tuple[int, str, str]]) -> Path:
@@ -38,7 +33,7 @@ def _csv(path: Path, rows: list[tuple[int, str, str]]) -> Path:
 def test_unusable_answers_stop_one_sample_not_the_team(
     proj: Project, tmp_path: Path, capsys
 ) -> None:
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     a, b = proj.classes[0], proj.classes[1]
     s = ["--store", str(proj.folder)]
     rows = [
@@ -92,7 +87,7 @@ def test_a_plain_train_goes_on_without_the_sample_and_a_repeat_keeps_it(
 ) -> None:
     """Every other sample answered: `eada train` (not only --partial) trains without the
     sample that needs attention; importing the same bad row again keeps one entry."""
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     a = proj.classes[0]
     rows = [(i, a, "bob") for i in ids[1:]]
     f = _csv(tmp_path / "r.csv", [(ids[0], "dog", "bob"), *rows])
@@ -109,7 +104,7 @@ def test_credit_superseded_answers_and_the_audit_count(proj: Project, tmp_path: 
     """Two annotators who agree are both credited with the label in force; an annotator's
     changed answer keeps the first in votes.csv with its superseded_at; an audit drawn after
     `train --partial` says how many labels the model actually trained on."""
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     a, b = proj.classes[0], proj.classes[1]
     proj.import_labels(_csv(tmp_path / "a.csv", [(i, a, "alice") for i in ids[:4]]))
     proj.import_labels(_csv(tmp_path / "b.csv", [(i, a, "bob") for i in ids[:4]]))
@@ -140,7 +135,7 @@ def test_a_schema_3_store_is_migrated_with_its_answers_kept(proj: Project, tmp_p
 
     from eada.store.db import SCHEMA_VERSION
 
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     proj.import_labels(_csv(tmp_path / "a.csv", [(i, proj.classes[0], "alice") for i in ids]))
     votes = [tuple(r)[:8] for r in proj.store.conn.execute("SELECT * FROM votes ORDER BY id")]
     proj.close()

@@ -19,17 +19,12 @@ from eada.cli import main
 from eada.store import Project
 from eada.store.db import SCHEMA_VERSION
 from support import flat as _flat
-from support import toy_project
+from support import round1_ids, toy_project
 
 
 @pytest.fixture
 def proj(tmp_path: Path) -> Project:
     return toy_project(tmp_path, 6)
-
-
-def _ids(p: Project) -> list[int]:
-    with open(p.folder / "exports" / "round-001.csv", newline="") as fh:
-        return [int(r["sample_id"]) for r in csv.DictReader(fh)]
 
 
 def _csv(path: Path, rows: list[tuple[int, str, str, str]]) -> Path:
@@ -43,7 +38,7 @@ def _csv(path: Path, rows: list[tuple[int, str, str, str]]) -> Path:
 def test_a_dispute_does_not_stop_the_import_and_is_listed_everywhere(
     proj: Project, tmp_path: Path, capsys
 ) -> None:
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     a, b = proj.classes[0], proj.classes[1]
     s = ["--store", str(proj.folder)]
     f = _csv(
@@ -106,7 +101,7 @@ def test_a_dispute_does_not_stop_the_import_and_is_listed_everywhere(
 
 
 def test_policies_newest_wins_and_reviewer(proj: Project) -> None:
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     a, b = proj.classes[0], proj.classes[1]
     eada.import_labels(proj, [{"sample_id": ids[0], "label": a}], annotator="alice")
     proj.set_options({"conflicts": "reviewer", "reviewer": "lead"})
@@ -126,7 +121,7 @@ def test_policies_newest_wins_and_reviewer(proj: Project) -> None:
 
 
 def test_agreement_is_percent_and_cohens_kappa_per_pair(proj: Project) -> None:
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     c = proj.classes
     proj.set_options({"conflicts": "newest-wins"})
     alice = [c[0], c[0], c[1], c[1], "skip", c[0]]  # a skip is one answer
@@ -147,7 +142,7 @@ def test_agreement_is_percent_and_cohens_kappa_per_pair(proj: Project) -> None:
 
 
 def test_a_schema_2_store_is_migrated_with_its_answers_as_votes(proj: Project) -> None:
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     eada.import_labels(proj, [{"sample_id": ids[0], "label": proj.classes[0]}], annotator="a")
     eada.import_labels(
         proj, [{"sample_id": ids[0], "label": proj.classes[1]}], annotator="b", force=True
@@ -177,7 +172,7 @@ def test_a_read_only_schema_2_store_is_read_through_an_upgrade_in_memory(
     who may write upgrades the file."""
     from eada.store import db as store_db
 
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     eada.import_labels(proj, [{"sample_id": ids[0], "label": proj.classes[0]}], annotator="a")
     eada.import_labels(
         proj, [{"sample_id": ids[0], "label": proj.classes[1]}], annotator="b", force=True
@@ -214,7 +209,7 @@ def test_a_read_only_schema_2_store_is_read_through_an_upgrade_in_memory(
 
 
 def test_the_export_lists_open_disputes(proj: Project, tmp_path: Path) -> None:
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     a, b = proj.classes[0], proj.classes[1]
     eada.import_labels(
         proj,
@@ -239,7 +234,7 @@ def test_a_policy_change_resettles_at_once_both_ways_and_asks_before_rewriting(
     changed label (sample, old label and annotator, new label, annotator and how); `status`
     shows it before any import. Going back restores the previous policy's labels; a change of
     more than a fifth of the settled labels, or of a reviewer's decision, needs --yes."""
-    ids = _ids(proj)
+    ids = round1_ids(proj)
     a, b = proj.classes[0], proj.classes[1]
     s = ["--store", str(proj.folder)]
     assert (
